@@ -1,0 +1,100 @@
+"""The `botbouncer` command (DESIGN §5.1). `python -m gateway` is the same program."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from gateway.config import Config, ConfigError, load_config
+
+EXIT_USAGE = 2
+
+
+def _fail(message: str) -> int:
+    print(f"botbouncer: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        return _fail(f"{args.config}: invalid configuration\n{exc}")
+    bots = ", ".join(f"{b.name} ({b.platform})" for b in config.bots)
+    print(f"{args.config}: ok - store {config.store.scheme}, bots: {bots}")
+    return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from gateway.pipeline import Gateway
+    from gateway.replay import ReplayError, replay, replay_clock
+    from gateway.store import MemoryStore
+
+    try:
+        config = load_config(args.config) if args.config else Config.default()
+    except ConfigError as exc:
+        return _fail(f"{args.config}: invalid configuration\n{exc}")
+    name = args.as_bot or config.bots[0].name
+    try:
+        bot = config.bot(name)
+    except KeyError as exc:
+        return _fail(str(exc.args[0]) if exc.args else str(exc))
+    if args.transcript != "-" and not Path(args.transcript).is_file():
+        return _fail(f"{args.transcript}: no such file")
+    clock = replay_clock()
+    # A fresh memory store: a replay never touches the state of a running daemon.
+    store = MemoryStore(
+        state_ttl_seconds=config.store.state_ttl_seconds,
+        settings_ttl_seconds=config.store.settings_ttl_seconds,
+    )
+    gateway = Gateway(bot, store, dry_run=True, clock=clock)
+    try:
+        if args.transcript == "-":
+            asyncio.run(replay(sys.stdin, gateway, clock, sys.stdout))
+        else:
+            with open(args.transcript, encoding="utf-8") as source:
+                asyncio.run(replay(source, gateway, clock, sys.stdout))
+    except ReplayError as exc:
+        return _fail(f"{args.transcript}: {exc}")
+    except UnicodeDecodeError as exc:
+        return _fail(f"{args.transcript}: not UTF-8 text ({exc.reason})")
+    except OSError as exc:
+        return _fail(f"{args.transcript}: {exc.strerror}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="botbouncer",
+        description="A gateway in front of chat bots that stops bot loops early.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    check = sub.add_parser("check-config", help="validate a configuration file")
+    check.add_argument("-c", "--config", required=True, metavar="FILE")
+    check.set_defaults(func=_check_config)
+
+    rep = sub.add_parser("replay", help="run a JSONL chat transcript through the pipeline")
+    rep.add_argument("transcript", metavar="TRANSCRIPT.jsonl", help="a file, or - for stdin")
+    rep.add_argument("-c", "--config", metavar="FILE", help="default: built-in defaults")
+    rep.add_argument("--as", dest="as_bot", metavar="BOT",
+                     help="the bot the gateway plays (default: the first configured bot)")
+    rep.set_defaults(func=_replay)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,766 @@
+"""YAML -> validated, typed settings (DESIGN §5.4).
+
+A config file is read in four steps, each of which can only fail with a
+`ConfigError` whose problems read `<key path>: <what is wrong>`:
+
+1. YAML is parsed (duplicate keys are rejected: a silently ignored key is the
+   kind of surprise §5.4 forbids).
+2. `${VAR}` / `${VAR:-default}` are interpolated in string values, so tokens
+   never live in the file.
+3. `defaults` is deep-merged under every bot, so a bot states only what differs.
+4. pydantic validates; its errors are translated into short messages, and an
+   error that a bot merely inherited from `defaults` is reported once, there.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import string
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeAlias
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import ErrorDetails, PydanticCustomError
+
+__all__ = [
+    "AdminsConfig",
+    "BotConfig",
+    "Config",
+    "ConfigError",
+    "EchoBackend",
+    "HttpConfig",
+    "PairsPolicy",
+    "Policy",
+    "RateCapPolicy",
+    "ReplyDecisionPolicy",
+    "StoreConfig",
+    "TurnsPolicy",
+    "UnknownBotError",
+    "load_config",
+    "parse_config",
+]
+
+DEFAULT_WARN_SOFT = (
+    "⚠️ Bot turn limit reached ({n}/{limit}). "
+    "A human must reply here to continue the bot-to-bot conversation."
+)
+DEFAULT_WARN_HARD = "🛑 Hard bot turn limit reached ({n}). A human must reply to continue."
+
+STORE_SCHEMES = ("memory", "redis", "rediss", "redis+cluster")
+TEMPLATE_FIELDS = frozenset({"n", "limit"})
+
+# A custom pydantic error type: "this message belongs at <loc> + ctx['at']".
+# Validators that look at several fields use it to blame the one key to change.
+_LOCATED = "located"
+
+
+class ConfigError(Exception):
+    """Everything that is wrong with a config, one `<path>: <problem>` per line."""
+
+    def __init__(self, problems: str | Iterable[str]) -> None:
+        self.problems: list[str] = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
+
+    def __str__(self) -> str:
+        return "\n".join(self.problems)
+
+
+class UnknownBotError(KeyError):
+    """`Config.bot()` was asked for a name no bot has."""
+
+    def __str__(self) -> str:
+        # KeyError would show the repr of its argument, quotes and all.
+        return str(self.args[0]) if self.args else ""
+
+
+# --------------------------------------------------------------------------
+# Small reusable field types
+# --------------------------------------------------------------------------
+
+
+def _int_not_bool(value: Any) -> Any:
+    # pydantic's lax mode reads `true` as 1; in a config that is always a typo.
+    if isinstance(value, bool):
+        raise PydanticCustomError("int_type", "must be an integer")
+    return value
+
+
+def _float_not_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise PydanticCustomError("float_type", "must be a number")
+    return value
+
+
+def _ids(value: Any) -> Any:
+    # Platform ids are strings in the core; YAML reads unquoted ids as ints.
+    if value is None:
+        return []
+    if isinstance(value, list | tuple):
+        return [str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
+    return value
+
+
+def _empty_to_none(value: Any) -> Any:
+    # `${VAR:-}` of an unset variable yields "", which means "not configured".
+    return None if value == "" else value
+
+
+def _none_to_empty(value: Any) -> Any:
+    # A section whose keys are all commented out (`turns:`) parses as null.
+    return {} if value is None else value
+
+
+Int = Annotated[int, BeforeValidator(_int_not_bool)]
+Float = Annotated[float, BeforeValidator(_float_not_bool)]
+NonEmptyStr = Annotated[str, StringConstraints(min_length=1)]
+Ids = Annotated[tuple[NonEmptyStr, ...], BeforeValidator(_ids)]
+OptionalStr = Annotated[str | None, BeforeValidator(_empty_to_none)]
+OptionalSecret = Annotated[SecretStr | None, BeforeValidator(_empty_to_none)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_section_is_empty(cls, data: Any) -> Any:
+        return _none_to_empty(data)
+
+
+def _check_http_url(value: str | None) -> str | None:
+    if value is not None:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError("must be an http:// or https:// URL")
+    return value
+
+
+def _check_template(template: str) -> str:
+    """A warning text may use only {n} and {limit}: anything else would fail at
+    the worst moment, when a loop is being stopped."""
+    try:
+        fields = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise ValueError(f"malformed template: {exc}") from None
+    for _, name, spec, _ in fields:
+        if name is not None and name not in TEMPLATE_FIELDS:
+            shown = f"{{{name}}}" if name else "{}"
+            raise ValueError(f"unknown placeholder {shown}; only {{n}} and {{limit}} may be used")
+        if spec and "{" in spec:
+            raise ValueError(f"malformed template: nested placeholder in {{{name}:{spec}}}")
+    try:
+        template.format(n=1, limit=1)
+    except (ValueError, IndexError, KeyError, AttributeError) as exc:
+        raise ValueError(f"malformed template: {exc}") from None
+    return template
+
+
+# --------------------------------------------------------------------------
+# Policy: the keys of `defaults`, overridable per bot
+# --------------------------------------------------------------------------
+
+
+class TurnsPolicy(_Model):
+    """Consecutive bot-turn limits (DESIGN §3.1)."""
+
+    soft_limit: Int = Field(default=20, ge=1)
+    hard_limit: Int = Field(default=100, ge=1)
+    warn_soft: str = DEFAULT_WARN_SOFT
+    warn_hard: str = DEFAULT_WARN_HARD
+
+    @field_validator("warn_soft", "warn_hard")
+    @classmethod
+    def _template(cls, value: str) -> str:
+        return _check_template(value)
+
+    @model_validator(mode="after")
+    def _soft_below_hard(self) -> TurnsPolicy:
+        if self.soft_limit >= self.hard_limit:
+            raise PydanticCustomError(
+                _LOCATED,
+                "{message}",
+                {
+                    "message": f"must be less than hard_limit ({self.hard_limit})",
+                    "at": ("soft_limit",),
+                },
+            )
+        return self
+
+
+class PairsPolicy(_Model):
+    """Sliding-window loop detection per pair of bots (DESIGN §3.2)."""
+
+    max_events: Int = Field(default=20, ge=1)
+    window_seconds: Float = Field(default=60.0, gt=0)
+    cooldown_seconds: Float = Field(default=60.0, ge=0)
+
+
+class RateCapPolicy(_Model):
+    """Replies per (chat, bot) in a rolling window (DESIGN §3.4)."""
+
+    max_replies: Int = Field(default=6, ge=1)
+    window_seconds: Float = Field(default=120.0, gt=0)
+    scope: Literal["groups", "all"] = "groups"
+
+
+class ReplyDecisionPolicy(_Model):
+    """The optional REPLY/SKIP classifier (DESIGN §3.5)."""
+
+    enabled: bool = False
+    endpoint: OptionalStr = Field(default=None, validate_default=True)
+    api_key: OptionalSecret = None
+    model: OptionalStr = Field(default=None, validate_default=True)
+    timeout_seconds: Float = Field(default=5.0, gt=0)
+    max_tokens: Int = Field(default=4, ge=1)
+    context_messages: Int = Field(default=8, ge=0, le=50)
+    scope: Literal["groups", "all"] = "groups"
+    identity: OptionalStr = None  # None: the bot's name, filled in by the classifier
+    prompt: OptionalStr = None  # None: the classifier's built-in prompt
+
+    @field_validator("endpoint", "model")
+    @classmethod
+    def _required_when_enabled(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None and info.data.get("enabled") is True:
+            raise ValueError("is required when enabled")
+        if info.field_name == "endpoint":
+            return _check_http_url(value)
+        return value
+
+
+BotMessages: TypeAlias = Literal["off", "mentions", "all"]
+
+
+class Policy(_Model):
+    """Every rule a bot is held to; `defaults:` is one, and each bot is one."""
+
+    turns: TurnsPolicy = TurnsPolicy()
+    pairs: PairsPolicy = PairsPolicy()
+    bot_messages: BotMessages = "off"
+    trusted_bots: Ids = ()
+    respond_to: Literal["mentions", "all"] = "mentions"
+    rate_cap: RateCapPolicy = RateCapPolicy()
+    reply_decision: ReplyDecisionPolicy = ReplyDecisionPolicy()
+
+    @field_validator("bot_messages", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        # YAML 1.1 reads an unquoted `off` as false (and `on`/`yes` as true).
+        if value is False:
+            return "off"
+        if value is True:
+            raise ValueError(
+                "must be one of: off, mentions, all (an unquoted on/yes/true reads as a "
+                'boolean: write all or mentions, or quote the value: "all")'
+            )
+        return value
+
+
+POLICY_KEYS = frozenset(Policy.model_fields)
+
+
+# --------------------------------------------------------------------------
+# Bots
+# --------------------------------------------------------------------------
+
+
+class EchoBackend(_Model):
+    """Replies with the message's own text: for demos and tests."""
+
+    type: Literal["echo"]
+
+
+# A discriminated union on `type`: each new backend is one more member here.
+BackendConfig: TypeAlias = Annotated[EchoBackend, Field(discriminator="type")]
+BACKEND_TYPES: tuple[str, ...] = ("echo",)
+# Field names holding a discriminated union, with their tags: pydantic puts the
+# tag into an error's location (`backend.echo.url`), the user never wrote it.
+_TAGGED_FIELDS: dict[str, tuple[str, ...]] = {"backend": BACKEND_TYPES}
+
+
+class AdminsConfig(_Model):
+    """Who may run admin commands besides the platform's own administrators."""
+
+    user_ids: Ids = ()
+    role_ids: Ids = ()
+
+
+Platform: TypeAlias = Literal["discord", "telegram", "http"]
+
+
+class BotConfig(Policy):
+    """One bot behind the gateway: its identity, platform, backend and policy.
+
+    The policy fields are already merged: `defaults` with this bot's overrides.
+    """
+
+    name: NonEmptyStr
+    platform: Platform
+    token: OptionalSecret = Field(default=None, validate_default=True)
+    api_base: OptionalStr = None
+    backend: BackendConfig
+    admins: AdminsConfig = AdminsConfig()
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        # The name is a path segment of the ingress URL and an author id.
+        if value != value.strip() or "/" in value:
+            raise ValueError("must not contain '/' or start or end with whitespace")
+        return value
+
+    @field_validator("token")
+    @classmethod
+    def _token(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        platform = info.data.get("platform")
+        if value is None and platform in ("discord", "telegram"):
+            raise ValueError(f"is required for platform {platform}")
+        return value
+
+    @field_validator("api_base")
+    @classmethod
+    def _api_base(cls, value: str | None) -> str | None:
+        return _check_http_url(value)
+
+
+# --------------------------------------------------------------------------
+# Process-wide settings
+# --------------------------------------------------------------------------
+
+
+class StoreConfig(_Model):
+    """Where state lives (DESIGN §4)."""
+
+    url: str = "memory://"
+    state_ttl_seconds: Int = Field(default=604800, ge=60)
+    settings_ttl_seconds: Int = Field(default=7776000, ge=60)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        # Never echo the URL itself: it may carry a Redis password.
+        options = ", ".join(f"{s}://" for s in STORE_SCHEMES)
+        scheme, sep, _ = value.partition("://")
+        if not sep:
+            raise ValueError(f"must be a URL starting with one of: {options}")
+        if scheme.lower() not in STORE_SCHEMES:
+            raise ValueError(f"unsupported scheme {scheme!r}; use one of: {options}")
+        try:
+            urlsplit(value).port  # noqa: B018 - parses and range-checks the port
+        except ValueError:
+            raise ValueError("has an invalid port") from None
+        return value
+
+    @property
+    def scheme(self) -> str:
+        return self.url.partition("://")[0].lower()
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        for name, value in super().__repr_args__():
+            yield name, (_mask_password(value) if name == "url" else value)
+
+
+def _mask_password(url: Any) -> Any:
+    if not isinstance(url, str):
+        return url
+    return re.sub(r"(://[^/@]*?:)[^/@]*@", r"\1***@", url)
+
+
+_HOSTNAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
+
+
+def _split_listen(value: str) -> tuple[str, int]:
+    """ "host:port" or "[v6]:port" -> (host, port); ValueError says what is wrong."""
+    if value.startswith("["):
+        host, sep, port_text = value[1:].partition("]:")
+        if not sep:
+            raise ValueError('must be "host:port"; IPv6 as "[::1]:8080"')
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"{host!r} is not an IPv6 address") from None
+    else:
+        host, sep, port_text = value.rpartition(":")
+        if not sep or not host:
+            raise ValueError('must be "host:port", e.g. "127.0.0.1:8080"')
+        if ":" in host:
+            raise ValueError('an IPv6 address must be in brackets, e.g. "[::1]:8080"')
+        if not _HOSTNAME.match(host):
+            raise ValueError(f"{host!r} is not a valid host name or address")
+    if not port_text.isascii() or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise ValueError(f"port must be a number from 1 to 65535, got {port_text!r}")
+    return host, int(port_text)
+
+
+class HttpConfig(_Model):
+    """The aiohttp server: ingress, admin, guard, health and metrics (§5.3)."""
+
+    listen: str = "127.0.0.1:8080"
+    admin_token: OptionalSecret = None  # None: the admin API answers 403
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        _split_listen(value)
+        return value
+
+    @property
+    def host(self) -> str:
+        """The host to bind, without IPv6 brackets."""
+        return _split_listen(self.listen)[0]
+
+    @property
+    def port(self) -> int:
+        return _split_listen(self.listen)[1]
+
+
+def _deep_merge(base: Mapping[Any, Any], override: Mapping[Any, Any]) -> dict[Any, Any]:
+    """`override` wins leaf by leaf; a null section in it does not erase `base`."""
+    merged = dict(base)
+    for key, value in override.items():
+        old = merged.get(key)
+        if isinstance(old, Mapping) and isinstance(value, Mapping):
+            merged[key] = _deep_merge(old, value)
+        elif isinstance(old, Mapping) and value is None:
+            continue
+        else:
+            merged[key] = value
+    return merged
+
+
+def _merge_defaults(data: Any) -> Any:
+    if not isinstance(data, Mapping):
+        return data
+    defaults, bots = data.get("defaults"), data.get("bots")
+    if not isinstance(defaults, Mapping) or not isinstance(bots, list):
+        return data
+    # Only policy keys: an unknown key in defaults is reported there, once.
+    inherited = {k: v for k, v in defaults.items() if k in POLICY_KEYS}
+    return {
+        **data,
+        "bots": [_deep_merge(inherited, b) if isinstance(b, Mapping) else b for b in bots],
+    }
+
+
+class Config(_Model):
+    """The whole validated configuration."""
+
+    store: StoreConfig = StoreConfig()
+    http: HttpConfig = HttpConfig()
+    defaults: Policy = Policy()
+    bots: list[BotConfig] = Field(default_factory=list, validate_default=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_defaults(cls, data: Any) -> Any:
+        return _merge_defaults(_none_to_empty(data))
+
+    @field_validator("bots", mode="before")
+    @classmethod
+    def _bots_null(cls, value: Any) -> Any:
+        return [] if value is None else value
+
+    @field_validator("bots")
+    @classmethod
+    def _bots(cls, bots: list[BotConfig]) -> list[BotConfig]:
+        if not bots:
+            raise ValueError("at least one bot is required")
+        first: dict[str, int] = {}
+        for i, bot in enumerate(bots):
+            if bot.name in first:
+                raise PydanticCustomError(
+                    _LOCATED,
+                    "{message}",
+                    {
+                        "message": f"duplicate bot name {bot.name!r}"
+                        f" (also bots[{first[bot.name]}])",
+                        "at": (i, "name"),
+                    },
+                )
+            first[bot.name] = i
+        return bots
+
+    @classmethod
+    def default(cls) -> Config:
+        """Built-in settings for running without a config file."""
+        return cls.model_validate(
+            {"bots": [{"name": "bot", "platform": "http", "backend": {"type": "echo"}}]}
+        )
+
+    def bot(self, name: str) -> BotConfig:
+        for bot in self.bots:
+            if bot.name == name:
+                return bot
+        configured = ", ".join(b.name for b in self.bots)
+        raise UnknownBotError(f"no bot named {name!r} (configured: {configured})")
+
+
+# --------------------------------------------------------------------------
+# Environment interpolation
+# --------------------------------------------------------------------------
+
+_REFERENCE = re.compile(
+    r"\$(?:(?P<dollar>\$)|\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}"
+    r"|(?P<bad>\{))"
+)
+
+KeyPath: TypeAlias = tuple[str | int, ...]
+
+
+def _interpolate(node: Any, env: Mapping[str, str], path: KeyPath, problems: list[str]) -> Any:
+    if isinstance(node, str):
+        return _interpolate_str(node, env, path, problems)
+    if isinstance(node, dict):
+        return {k: _interpolate(v, env, (*path, str(k)), problems) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_interpolate(v, env, (*path, i), problems) for i, v in enumerate(node)]
+    return node
+
+
+def _interpolate_str(text: str, env: Mapping[str, str], path: KeyPath, problems: list[str]) -> str:
+    def replace(match: re.Match[str]) -> str:
+        if match["dollar"]:
+            return "$"
+        if match["bad"]:
+            problems.append(
+                f"{_format_path(path)}: malformed reference: use ${{VAR}}, ${{VAR:-default}}"
+                " or $$ for a literal $"
+            )
+            return ""
+        name = match["name"]
+        value = env.get(name)
+        if match["default"] is not None:
+            return value if value else match["default"]
+        if value is None:
+            problems.append(f"{_format_path(path)}: environment variable {name} is not set")
+            return ""
+        return value
+
+    return _REFERENCE.sub(replace, text)
+
+
+# --------------------------------------------------------------------------
+# Error translation
+# --------------------------------------------------------------------------
+
+
+def _format_path(path: Iterable[str | int]) -> str:
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else part
+    return out or "(top level)"
+
+
+def _choices(expected: str) -> str:
+    return ", ".join(re.findall(r"'([^']*)'", expected))
+
+
+_SIMPLE_MESSAGES = {
+    "extra_forbidden": "unknown key",
+    "missing": "is required",
+    "int_parsing": "must be an integer",
+    "int_type": "must be an integer",
+    "int_from_float": "must be an integer",
+    "float_parsing": "must be a number",
+    "float_type": "must be a number",
+    "finite_number": "must be a finite number",
+    "bool_parsing": "must be true or false",
+    "bool_type": "must be true or false",
+    "string_type": "must be a string",
+    "string_too_short": "must not be empty",
+    "list_type": "must be a list",
+    "tuple_type": "must be a list",
+    "dict_type": "must be a mapping",
+    "model_type": "must be a mapping",
+    "model_attributes_type": "must be a mapping",
+}
+
+
+def _translate(err: ErrorDetails) -> tuple[KeyPath, str]:
+    kind = err["type"]
+    ctx: dict[str, Any] = dict(err.get("ctx") or {})
+    loc: list[str | int] = []
+    for part in err["loc"]:
+        prev = loc[-1] if loc else None
+        if isinstance(prev, str) and prev in _TAGGED_FIELDS and part in _TAGGED_FIELDS[prev]:
+            continue
+        loc.append(part)
+
+    if kind == _LOCATED:
+        return (*loc, *ctx["at"]), str(ctx["message"])
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        field = loc[-1] if loc else None
+        tags = _TAGGED_FIELDS.get(field, ()) if isinstance(field, str) else ()
+        discriminator = str(ctx.get("discriminator", "'type'")).strip("'")
+        choices = ", ".join(tags) or _choices(str(ctx.get("expected_tags", "")))
+        return (*loc, discriminator), f"must be one of: {choices}"
+    if kind in _SIMPLE_MESSAGES:
+        return tuple(loc), _SIMPLE_MESSAGES[kind]
+    bounds = {
+        "greater_than_equal": (">=", "ge"),
+        "greater_than": (">", "gt"),
+        "less_than_equal": ("<=", "le"),
+        "less_than": ("<", "lt"),
+    }
+    if kind in bounds:
+        op, key = bounds[kind]
+        bound = ctx.get(key)
+        if isinstance(bound, float) and bound.is_integer():
+            bound = int(bound)  # "must be > 0", not "> 0.0"
+        return tuple(loc), f"must be {op} {bound}"
+    if kind == "literal_error":
+        return tuple(loc), f"must be one of: {_choices(str(ctx.get('expected', '')))}"
+    if kind == "too_short":
+        return tuple(loc), f"must have at least {ctx.get('min_length')} item(s)"
+    msg = err["msg"]
+    for prefix in ("Value error, ", "Assertion failed, "):
+        msg = msg.removeprefix(prefix)
+    return tuple(loc), msg
+
+
+def _resolves(node: Any, path: KeyPath) -> bool:
+    for part in path:
+        if isinstance(part, str):
+            found = isinstance(node, Mapping) and part in node
+        else:
+            found = isinstance(node, list) and 0 <= part < len(node)
+        if not found:
+            return False
+        node = node[part]
+    return True
+
+
+def _problems(exc: ValidationError, raw: Any) -> list[str]:
+    """pydantic's errors as `<path>: <message>` lines, inherited ones dropped.
+
+    A bad value in `defaults` is merged into every bot; it is reported at
+    `defaults.<path>` and not again at `bots[i].<path>` unless that bot set the
+    same key itself.
+    """
+    items = [_translate(err) for err in exc.errors(include_url=False, include_input=False)]
+    from_defaults = {(loc[1:], msg) for loc, msg in items if loc[:1] == ("defaults",)}
+    bots = raw.get("bots") if isinstance(raw, Mapping) else None
+    problems: list[str] = []
+    for loc, msg in items:
+        if len(loc) >= 2 and loc[0] == "bots" and isinstance(loc[1], int):
+            own = bots[loc[1]] if isinstance(bots, list) and loc[1] < len(bots) else None
+            if (loc[2:], msg) in from_defaults and not _resolves(own, loc[2:]):
+                continue
+        line = f"{_format_path(loc)}: {msg}"
+        if line not in problems:
+            problems.append(line)
+    return problems
+
+
+# --------------------------------------------------------------------------
+# YAML and the loaders
+# --------------------------------------------------------------------------
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys instead of keeping the last one."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(
+                key_node, yaml.ScalarNode
+            ):
+                continue
+            key = self.construct_object(key_node)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def _parse_yaml(text: str, source: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        problem = exc.problem or exc.context or "invalid YAML"
+        if mark is None:
+            raise ConfigError(f"{source}: {problem}") from None
+        raise ConfigError(
+            f"{source}: line {mark.line + 1}, column {mark.column + 1}: {problem}"
+        ) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply") from None
+
+
+def _check_acyclic(node: Any, path: KeyPath, stack: set[int]) -> None:
+    # YAML anchors can build a list that contains itself; refuse it up front.
+    if isinstance(node, dict | list):
+        if id(node) in stack:
+            raise ConfigError(f"{_format_path(path)}: a recursive alias is not allowed")
+        stack.add(id(node))
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in items:
+            _check_acyclic(value, (*path, key if isinstance(key, int) else str(key)), stack)
+        stack.discard(id(node))
+
+
+def parse_config(
+    text: str, source: str = "<config>", env: Mapping[str, str] | None = None
+) -> Config:
+    """Validate YAML text; `source` names it in YAML syntax errors."""
+    data = _parse_yaml(text, source)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError("(top level): must be a mapping")
+    try:
+        _check_acyclic(data, (), set())
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply") from None
+    problems: list[str] = []
+    data = _interpolate(data, os.environ if env is None else env, (), problems)
+    if problems:
+        raise ConfigError(problems)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_problems(exc, data)) from None
+
+
+def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Config:
+    """Read, interpolate and validate a config file."""
+    name = os.fspath(path)
+    try:
+        raw = Path(name).read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{name}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{name}: is a directory, not a file") from None
+    except PermissionError:
+        raise ConfigError(f"{name}: permission denied") from None
+    except OSError as exc:
+        raise ConfigError(f"{name}: cannot read: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{name}: not UTF-8 text (bad byte at offset {exc.start})") from None
+    return parse_config(text, source=name, env=env)

@@ -1,0 +1,217 @@
+"""The Store protocol: every stateful rule is one atomic call on it.
+
+Two implementations pass one contract suite (tests/store/): `memory` for a
+single process and `redis` for replicas and bots sharing one truth. Times are
+integer milliseconds inside the stores so Lua and Python agree to the unit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gateway.model import Action, Reason, Turn
+from gateway.turns import Count
+
+DECISION_LOG_SIZE = 50
+CONTEXT_TEXT_CHARS = 500
+
+
+class StoreError(Exception):
+    """The one error type a store raises for a backend failure."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The effective policy for one admit, before per-chat overrides."""
+
+    soft_limit: int = 20
+    hard_limit: int = 100
+    max_replies: int = 6
+    rate_window_ms: int = 120_000
+    rate_applies: bool = True  # rate_cap.scope admits this chat kind
+    pair_max_events: int = 20
+    pair_window_ms: int = 60_000
+    pair_cooldown_ms: int = 60_000
+
+
+@dataclass(frozen=True, slots=True)
+class Overrides:
+    """Per-chat limits set by an admin; None keeps the bot's configured value."""
+
+    soft_limit: int | None = None
+    hard_limit: int | None = None
+    max_replies: int | None = None
+    rate_window_ms: int | None = None
+
+    def apply(self, limits: Limits) -> Limits:
+        return Limits(
+            soft_limit=self.soft_limit or limits.soft_limit,
+            hard_limit=self.hard_limit or limits.hard_limit,
+            max_replies=self.max_replies or limits.max_replies,
+            rate_window_ms=self.rate_window_ms or limits.rate_window_ms,
+            rate_applies=limits.rate_applies,
+            pair_max_events=limits.pair_max_events,
+            pair_window_ms=limits.pair_window_ms,
+            pair_cooldown_ms=limits.pair_cooldown_ms,
+        )
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            k: v
+            for k, v in (
+                ("soft_limit", self.soft_limit),
+                ("hard_limit", self.hard_limit),
+                ("max_replies", self.max_replies),
+                ("rate_window_ms", self.rate_window_ms),
+            )
+            if v is not None
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ContextEntry:
+    """One line of a chat's recent context, as the classifier and backends see it."""
+
+    id: str
+    author: str
+    name: str
+    bot: bool
+    text: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "author": self.author, "name": self.name, "bot": self.bot,
+                "text": self.text}
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """A message as the store records it once per id (the counting half of admit)."""
+
+    chat: str
+    message_id: str
+    author: str
+    name: str
+    count: Count
+    text: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitRequest:
+    """Everything the one atomic admit call needs; built without I/O by the pipeline."""
+
+    msg: Observed
+    bot: str
+    # Why this bot would not answer regardless of limits (own, system, ignored
+    # bot, not addressed), or None when only the store's rules can say.
+    local_reason: Reason | None
+    author_is_bot: bool
+    limits: Limits
+    context: int = 0  # recent messages to return when a reply is possible
+    now_ms: int | None = None  # injected clock; None = the store's own time
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitResult:
+    turn: Turn
+    soft: int
+    hard: int
+    action: Action | None  # None: go on to the classifier/backend
+    reason: Reason | None
+    warn: str | None  # "soft" or "hard" when this bot won the warning claim
+    limits: Limits  # after per-chat overrides
+    reserved: bool  # a rate-cap slot is held under the message id
+    at_ms: int
+    context: list[ContextEntry] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class SentRequest:
+    """A message this bot sent: counted as a bot turn under its platform id."""
+
+    msg: Observed
+    bot: str
+    limits: Limits
+    log: dict[str, Any] | None = None  # decision entry of the message it answered
+    now_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SentResult:
+    turn: Turn
+    soft: int
+    hard: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChatStatus:
+    chat: str
+    soft: int
+    hard: int
+    turn: Turn  # for the asking bot's limits; `ok` for an unknown chat
+    paused: bool
+    overrides: Overrides
+    limits: Limits  # effective, after overrides
+    pair_cooldowns: dict[str, float]  # "a|b" -> seconds left
+    rate_used: int
+    rate_max: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "chat": self.chat,
+            "soft": self.soft,
+            "hard": self.hard,
+            "turn": self.turn.value,
+            "soft_limit": self.limits.soft_limit,
+            "hard_limit": self.limits.hard_limit,
+            "paused": self.paused,
+            "overrides": self.overrides.as_dict(),
+            "pair_cooldowns": self.pair_cooldowns,
+            "rate": {"used": self.rate_used, "max": self.rate_max,
+                     "window_seconds": self.limits.rate_window_ms / 1000},
+        }
+
+
+def pair_name(a: str, b: str) -> str:
+    x, y = sorted((a, b))
+    return f"{x}|{y}"
+
+
+class Store(Protocol):
+    kind: str
+
+    async def admit(self, req: AdmitRequest) -> AdmitResult:
+        """Dedupe, count or reset, verdict, warn claim, pause, overrides, pair
+        window and cooldown, rate-slot reservation, context append and - for a
+        message that stops here - its decision log entry: one atomic step."""
+        ...
+
+    async def record_sent(self, req: SentRequest) -> SentResult:
+        """Count a sent message as a bot turn (deduped by id) and log the
+        decision of the message it answered."""
+        ...
+
+    async def release(
+        self, chat: str, bot: str, message_id: str, log: dict[str, Any] | None
+    ) -> None:
+        """Give back the rate-cap slot held under `message_id`; log why."""
+        ...
+
+    async def status(self, chat: str, bot: str, limits: Limits,
+                     now_ms: int | None = None) -> ChatStatus: ...
+
+    async def reset(self, chat: str) -> None:
+        """Zero the chat's counters, pair windows and cooldowns."""
+        ...
+
+    async def set_paused(self, chat: str, paused: bool) -> None: ...
+
+    async def set_overrides(self, chat: str, overrides: Overrides) -> None:
+        """Replace the chat's overrides (an empty Overrides clears them)."""
+        ...
+
+    async def decisions(self, chat: str, limit: int = DECISION_LOG_SIZE) -> list[dict[str, Any]]:
+        """The chat's newest decisions, newest first."""
+        ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,76 @@
+-- admit: one atomic decision for one inbound message (prepended: common.lua).
+-- ARGV (after the common 20): 21 local reason ("" none)  22 author is a bot (1|0)
+--   23 context messages to return when a reply is possible
+-- Returns {turn, soft, hard, action, reason, warn, soft_limit, hard_limit,
+--          max_replies, rate_window_ms, reserved, now, context json...}
+local LOCAL, AUTHOR_IS_BOT, WANT_CTX = ARGV[21], ARGV[22] == '1', tonumber(ARGV[23])
+
+local TURN_REASON = {soft_limit = 'turn_soft_limit', throttled = 'turn_throttled',
+  hard_limit = 'turn_hard_limit', stopped = 'turn_stopped'}
+
+local function finish(action, reason, turn, soft, hard, warn, reserved, ctx)
+  if action ~= '' then
+    push_log(cjson.encode({at = now / 1000, bot = BOT, id = MSG_ID, author = AUTHOR,
+      action = action, reason = reason == '' and cjson.null or reason, turn = turn,
+      soft = soft, hard = hard}))
+  end
+  local out = {turn, soft, hard, action, reason, warn, L.soft, L.hard, L.max_replies,
+    L.rate_window, reserved, now}
+  for _, c in ipairs(ctx or {}) do out[#out + 1] = c end
+  return out
+end
+
+local handled = MSG_ID .. '\31' .. BOT
+if redis.call('HEXISTS', K_IDS, handled) == 1 then
+  local soft, hard
+  local seen = redis.call('HGET', K_IDS, MSG_ID)
+  if seen then
+    local _
+    _, soft, hard = split_record(seen)
+  else
+    local c = redis.call('HMGET', K_STATE, 'soft', 'hard')
+    soft, hard = tonumber(c[1] or '0'), tonumber(c[2] or '0')
+  end
+  return finish('drop', 'duplicate', 'none', soft, hard, '', 0)
+end
+remember(handled, 'h 0 0')
+local kind, soft, hard = count()
+local turn = turn_of(kind, soft, hard)
+
+if LOCAL == 'own_message' or LOCAL == 'system_message' then
+  return finish('drop', LOCAL, turn, soft, hard, '', 0)
+end
+if not PAUSED and (turn == 'soft_limit' or turn == 'hard_limit') then
+  local threshold = turn == 'soft_limit' and 'soft' or 'hard'
+  local claim = threshold .. ':' .. (threshold == 'soft' and L.soft or L.hard)
+  local st = redis.call('HMGET', K_STATE, 'epoch', 'sp:' .. BOT, claim)
+  local epoch = st[1] or '0'
+  if st[2] == epoch and st[3] ~= epoch then
+    redis.call('HSET', K_STATE, claim, epoch)
+    return finish('warn', TURN_REASON[turn], turn, soft, hard, threshold, 0)
+  end
+end
+if LOCAL ~= '' then return finish('drop', LOCAL, turn, soft, hard, '', 0) end
+if PAUSED then return finish('drop', 'paused', turn, soft, hard, '', 0) end
+if kind == 'b' and turn ~= 'ok' then
+  return finish('drop', TURN_REASON[turn], turn, soft, hard, '', 0)
+end
+if AUTHOR_IS_BOT then
+  local until_ms = redis.call('HGET', K_PAIRS, 'c:' .. pair_name(AUTHOR, BOT))
+  if until_ms and tonumber(until_ms) > now then
+    return finish('drop', 'pair_cooldown', turn, soft, hard, '', 0)
+  end
+end
+local reserved = 0
+if L.rate_applies then
+  redis.call('ZREMRANGEBYSCORE', K_RATE, '-inf', now - L.rate_window)
+  if redis.call('ZCARD', K_RATE) >= L.max_replies then
+    return finish('drop', 'rate_capped', turn, soft, hard, '', 0)
+  end
+  redis.call('ZADD', K_RATE, now, MSG_ID)
+  redis.call('PEXPIRE', K_RATE, L.rate_window)
+  reserved = 1
+end
+local ctx = {}
+if WANT_CTX > 0 then ctx = redis.call('LRANGE', K_CTX, 0, WANT_CTX) end
+return finish('', '', turn, soft, hard, '', reserved, ctx)

@@ -1,0 +1,323 @@
+"""The embedded store: one process, no I/O, atomic because nothing in it awaits.
+
+It mirrors gateway/store/lua/*.lua step for step; tests/store/ runs the same
+contract suite against both.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.model import TURN_REASONS, Action, Reason, Turn
+from gateway.store.base import (
+    CONTEXT_TEXT_CHARS,
+    DECISION_LOG_SIZE,
+    AdmitRequest,
+    AdmitResult,
+    ChatStatus,
+    ContextEntry,
+    Limits,
+    Observed,
+    Overrides,
+    SentRequest,
+    SentResult,
+    pair_name,
+)
+from gateway.turns import Count, verdict
+
+# Dedupe memory per chat: message ids (and per-bot "handled" marks), oldest
+# evicted first. Long enough for every bot behind the store to observe a
+# message and for a platform to redeliver it; small enough to stay cheap.
+DEDUPE_ENTRIES = 128
+
+_KIND = {Count.BOT: "b", Count.RESET: "r", Count.NONE: "n"}
+
+
+@dataclass
+class _Chat:
+    exists: bool = False  # turn state exists (a human in an unknown chat creates none)
+    soft: int = 0
+    hard: int = 0
+    epoch: int = 0  # bumped by every reset: voids spoke marks and warn claims
+    last: str | None = None  # author of the previous bot turn
+    spoke: dict[str, int] = field(default_factory=dict)
+    claims: dict[str, int] = field(default_factory=dict)
+    ids: OrderedDict[str, tuple[str, int, int]] = field(default_factory=OrderedDict)
+    windows: dict[str, list[int]] = field(default_factory=dict)
+    cooldowns: dict[str, int] = field(default_factory=dict)
+    rate: dict[str, dict[str, int]] = field(default_factory=dict)
+    context: deque[ContextEntry] = field(default_factory=deque)
+    log: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=DECISION_LOG_SIZE))
+    state_expires: int = 0
+    paused: bool = False
+    overrides: Overrides = field(default_factory=Overrides)
+    settings_expires: int = 0
+
+
+def log_entry(
+    at_ms: int, bot: str, msg: Observed, action: Action, reason: Reason | None, turn: Turn,
+    soft: int, hard: int,
+) -> dict[str, Any]:
+    return {
+        "at": at_ms / 1000,
+        "bot": bot,
+        "id": msg.message_id,
+        "author": msg.author,
+        "action": action.value,
+        "reason": None if reason is None else reason.value,
+        "turn": turn.value,
+        "soft": soft,
+        "hard": hard,
+    }
+
+
+class MemoryStore:
+    kind = "memory"
+
+    def __init__(
+        self,
+        *,
+        state_ttl_seconds: float = 7 * 86400,
+        settings_ttl_seconds: float = 90 * 86400,
+        context_size: int = 8,
+        dedupe_entries: int = DEDUPE_ENTRIES,
+    ) -> None:
+        self._chats: dict[str, _Chat] = {}
+        self._state_ttl = int(state_ttl_seconds * 1000)
+        self._settings_ttl = int(settings_ttl_seconds * 1000)
+        self._context_size = context_size
+        self._dedupe = dedupe_entries
+        self._ops = 0
+
+    # -- plumbing ---------------------------------------------------------
+
+    def _now(self, now_ms: int | None) -> int:
+        return int(time.time() * 1000) if now_ms is None else now_ms
+
+    def _chat(self, key: str, now: int | None) -> _Chat:
+        """The chat's state; with `now`, first drop what a TTL would have dropped.
+
+        Admin calls pass no time: they must not expire state that admits wrote
+        under an injected clock.
+        """
+        chat = self._chats.get(key)
+        if chat is None:
+            chat = self._chats[key] = _Chat()
+        elif now is not None:
+            self._expire(chat, now)
+        if now is not None:
+            self._ops += 1
+            if self._ops % 4096 == 0:
+                self._sweep(now)
+        return chat
+
+    def _expire(self, chat: _Chat, now: int) -> None:
+        """What a Redis TTL would have removed by now."""
+        if chat.state_expires and chat.state_expires <= now:
+            fresh = _Chat()
+            fresh.paused, fresh.overrides = chat.paused, chat.overrides
+            fresh.settings_expires, fresh.rate = chat.settings_expires, chat.rate
+            fresh.windows, fresh.cooldowns = chat.windows, chat.cooldowns
+            chat.__dict__.update(fresh.__dict__)
+        if chat.settings_expires and chat.settings_expires <= now:
+            chat.paused, chat.overrides, chat.settings_expires = False, Overrides(), 0
+
+    def _sweep(self, now: int) -> None:
+        """Forget chats that hold nothing live any more, so memory stays flat."""
+        for key in [k for k, c in self._chats.items() if self._idle(c, now)]:
+            del self._chats[key]
+
+    def _idle(self, chat: _Chat, now: int) -> bool:
+        state_gone = not chat.state_expires or chat.state_expires <= now
+        settings_gone = not chat.settings_expires or chat.settings_expires <= now
+        rate_gone = all(not w or max(w.values()) <= now - 3_600_000 for w in chat.rate.values())
+        pairs_gone = all(t <= now for t in chat.cooldowns.values()) and all(
+            not w or w[-1] <= now - 3_600_000 for w in chat.windows.values()
+        )
+        return state_gone and settings_gone and rate_gone and pairs_gone
+
+    def _remember(self, chat: _Chat, field_: str, value: tuple[str, int, int]) -> None:
+        chat.ids[field_] = value
+        while len(chat.ids) > self._dedupe:
+            chat.ids.popitem(last=False)
+
+    def _touch_state(self, chat: _Chat, now: int) -> None:
+        chat.state_expires = now + self._state_ttl
+
+    def _touch_settings(self, chat: _Chat, now: int) -> None:
+        if chat.paused or chat.overrides.as_dict():
+            chat.settings_expires = now + self._settings_ttl
+
+    # -- the counting half, shared by admit and record_sent ---------------
+
+    def _count(self, chat: _Chat, obs: Observed, limits: Limits, now: int) -> tuple[str, int, int]:
+        seen = chat.ids.get(obs.message_id)
+        if seen is not None:
+            return seen
+        if obs.count is Count.BOT:
+            chat.exists = True
+            chat.soft += 1
+            chat.hard += 1
+            chat.spoke[obs.author] = chat.epoch
+            if chat.last is not None and chat.last != obs.author:
+                self._exchange(chat, pair_name(obs.author, chat.last), limits, now)
+            chat.last = obs.author
+        elif obs.count is Count.RESET and chat.exists:
+            chat.soft = chat.hard = 0
+            chat.epoch += 1
+        rec = (_KIND[obs.count], chat.soft, chat.hard)
+        self._remember(chat, obs.message_id, rec)
+        if obs.count is not Count.NONE and self._context_size > 0:
+            chat.context.append(
+                ContextEntry(obs.message_id, obs.author, obs.name or obs.author,
+                             obs.count is Count.BOT, obs.text[:CONTEXT_TEXT_CHARS])
+            )
+            while len(chat.context) > self._context_size + 1:
+                chat.context.popleft()
+        self._touch_state(chat, now)
+        return rec
+
+    def _exchange(self, chat: _Chat, pair: str, limits: Limits, now: int) -> None:
+        window = [t for t in chat.windows.get(pair, ()) if t > now - limits.pair_window_ms]
+        window.append(now)
+        chat.windows[pair] = window[-(limits.pair_max_events + 1) :]
+        if len(window) > limits.pair_max_events:
+            chat.cooldowns[pair] = now + limits.pair_cooldown_ms
+
+    @staticmethod
+    def _turn(rec: tuple[str, int, int], limits: Limits) -> Turn:
+        kind, soft, hard = rec
+        if kind == "b":
+            return verdict(soft, hard, limits.soft_limit, limits.hard_limit)
+        return Turn.RESET if kind == "r" else Turn.NONE
+
+    # -- the Store protocol -----------------------------------------------
+
+    async def admit(self, req: AdmitRequest) -> AdmitResult:
+        now = self._now(req.now_ms)
+        obs = req.msg
+        chat = self._chat(obs.chat, now)
+        limits = chat.overrides.apply(req.limits)
+        handled = f"{obs.message_id}\x1f{req.bot}"
+
+        def result(action: Action | None, reason: Reason | None, turn: Turn, soft: int,
+                   hard: int, warn: str | None = None, reserved: bool = False,
+                   context: list[ContextEntry] | None = None) -> AdmitResult:
+            if action is not None:
+                chat.log.appendleft(log_entry(now, req.bot, obs, action, reason, turn, soft, hard))
+            return AdmitResult(turn, soft, hard, action, reason, warn, limits, reserved, now,
+                               context or [])
+
+        if handled in chat.ids:
+            _, soft, hard = chat.ids.get(obs.message_id, ("n", chat.soft, chat.hard))
+            return result(Action.DROP, Reason.DUPLICATE, Turn.NONE, soft, hard)
+        self._remember(chat, handled, ("h", 0, 0))
+        rec = self._count(chat, obs, limits, now)
+        _, soft, hard = rec
+        turn = self._turn(rec, limits)
+        self._touch_settings(chat, now)
+
+        local = req.local_reason
+        if local in (Reason.OWN_MESSAGE, Reason.SYSTEM_MESSAGE):
+            return result(Action.DROP, local, turn, soft, hard)
+        if not chat.paused and turn in (Turn.SOFT_LIMIT, Turn.HARD_LIMIT):
+            threshold = "soft" if turn is Turn.SOFT_LIMIT else "hard"
+            claim = f"{threshold}:{limits.soft_limit if threshold == 'soft' else limits.hard_limit}"
+            if chat.spoke.get(req.bot) == chat.epoch and chat.claims.get(claim) != chat.epoch:
+                chat.claims[claim] = chat.epoch
+                return result(Action.WARN, TURN_REASONS[turn], turn, soft, hard, warn=threshold)
+        if local is not None:
+            return result(Action.DROP, local, turn, soft, hard)
+        if chat.paused:
+            return result(Action.DROP, Reason.PAUSED, turn, soft, hard)
+        if rec[0] == "b" and turn is not Turn.OK:
+            return result(Action.DROP, TURN_REASONS[turn], turn, soft, hard)
+        if req.author_is_bot and chat.cooldowns.get(pair_name(obs.author, req.bot), 0) > now:
+            return result(Action.DROP, Reason.PAIR_COOLDOWN, turn, soft, hard)
+        reserved = False
+        if limits.rate_applies:
+            window = chat.rate.setdefault(req.bot, {})
+            for mid in [m for m, t in window.items() if t <= now - limits.rate_window_ms]:
+                del window[mid]
+            if len(window) >= limits.max_replies:
+                return result(Action.DROP, Reason.RATE_CAPPED, turn, soft, hard)
+            window[obs.message_id] = now
+            reserved = True
+        context = [e for e in chat.context if e.id != obs.message_id][-req.context :]
+        return result(None, None, turn, soft, hard, reserved=reserved,
+                      context=context if req.context > 0 else [])
+
+    async def record_sent(self, req: SentRequest) -> SentResult:
+        now = self._now(req.now_ms)
+        chat = self._chat(req.msg.chat, now)
+        limits = chat.overrides.apply(req.limits)
+        rec = self._count(chat, req.msg, limits, now)
+        if req.log is not None:
+            chat.log.appendleft(req.log)
+        return SentResult(self._turn(rec, limits), rec[1], rec[2])
+
+    async def release(
+        self, chat: str, bot: str, message_id: str, log: dict[str, Any] | None
+    ) -> None:
+        state = self._chat(chat, None)
+        state.rate.get(bot, {}).pop(message_id, None)
+        if log is not None:
+            state.log.appendleft(log)
+
+    async def status(
+        self, chat: str, bot: str, limits: Limits, now_ms: int | None = None
+    ) -> ChatStatus:
+        now = self._now(now_ms)
+        state = self._chat(chat, now)
+        eff = state.overrides.apply(limits)
+        window = state.rate.get(bot, {})
+        return ChatStatus(
+            chat=chat,
+            soft=state.soft,
+            hard=state.hard,
+            turn=verdict(state.soft, state.hard, eff.soft_limit, eff.hard_limit)
+            if state.hard
+            else Turn.OK,
+            paused=state.paused,
+            overrides=state.overrides,
+            limits=eff,
+            pair_cooldowns={
+                p: (t - now) / 1000 for p, t in sorted(state.cooldowns.items()) if t > now
+            },
+            rate_used=sum(1 for t in window.values() if t > now - eff.rate_window_ms),
+            rate_max=eff.max_replies,
+        )
+
+    async def reset(self, chat: str) -> None:
+        state = self._chat(chat, None)
+        if state.exists:
+            state.soft = state.hard = 0
+            state.epoch += 1
+        state.windows.clear()
+        state.cooldowns.clear()
+
+    async def set_paused(self, chat: str, paused: bool) -> None:
+        now = self._now(None)
+        state = self._chat(chat, None)
+        state.paused = paused
+        self._touch_settings(state, now)
+
+    async def set_overrides(self, chat: str, overrides: Overrides) -> None:
+        now = self._now(None)
+        state = self._chat(chat, None)
+        state.overrides = overrides
+        self._touch_settings(state, now)
+
+    async def decisions(self, chat: str, limit: int = DECISION_LOG_SIZE) -> list[dict[str, Any]]:
+        state = self._chats.get(chat)
+        return [] if state is None else list(state.log)[:limit]
+
+    async def close(self) -> None:
+        return None
+
+    def chats(self) -> int:
+        """How many chats hold state (for memory benchmarks)."""
+        return len(self._chats)

@@ -1,0 +1,262 @@
+"""The shared store: several replicas and bots, one truth in Redis.
+
+Every decision is one script call (gateway/store/lua/*.lua, registered with
+redis-py's `register_script`, which reloads the script after a SCRIPT FLUSH).
+All keys of a chat share one hash tag, so a script's keys live on one Redis
+Cluster node; time comes from the Redis server unless a test injects a clock.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisError
+
+from gateway.model import Action, Reason, Turn
+from gateway.store.base import (
+    CONTEXT_TEXT_CHARS,
+    DECISION_LOG_SIZE,
+    AdmitRequest,
+    AdmitResult,
+    ChatStatus,
+    ContextEntry,
+    Limits,
+    Overrides,
+    SentRequest,
+    SentResult,
+    StoreError,
+)
+from gateway.store.memory import DEDUPE_ENTRIES
+from gateway.turns import Count, verdict
+
+_KIND = {Count.BOT: "b", Count.RESET: "r", Count.NONE: "n"}
+_OVERRIDE_FIELDS = ("soft_limit", "hard_limit", "max_replies", "rate_window_ms")
+
+
+def _lua(name: str) -> str:
+    return (resources.files("gateway.store") / "lua" / name).read_text(encoding="utf-8")
+
+
+def _tag(chat: str) -> str:
+    """The chat key made safe to sit between the braces of a hash tag."""
+    return chat.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+class ChatKeys:
+    """Every Redis key of one chat; the `{…}` hash tag keeps them on one slot."""
+
+    __slots__ = ("base", "cfg", "ctx", "idq", "ids", "log", "pairs", "state")
+
+    def __init__(self, prefix: str, chat: str) -> None:
+        self.base = f"{prefix}:{{{_tag(chat)}}}"
+        self.state = f"{self.base}:st"
+        self.cfg = f"{self.base}:cfg"
+        self.ids = f"{self.base}:ids"
+        self.idq = f"{self.base}:idq"
+        self.pairs = f"{self.base}:pr"
+        self.ctx = f"{self.base}:ctx"
+        self.log = f"{self.base}:log"
+
+    def rate(self, bot: str) -> str:
+        return f"{self.base}:r:{bot}"
+
+    def common(self, bot: str) -> list[str]:
+        return [self.state, self.cfg, self.ids, self.idq, self.pairs, self.ctx, self.log,
+                self.rate(bot)]
+
+
+def connect(url: str) -> aioredis.Redis | RedisCluster:
+    """A client for `redis://`, `rediss://` or `redis+cluster://` URLs."""
+    if url.startswith("redis+cluster://"):
+        return RedisCluster.from_url("redis://" + url[len("redis+cluster://") :],
+                                     decode_responses=True)
+    return aioredis.from_url(url, decode_responses=True)
+
+
+class RedisStore:
+    kind = "redis"
+
+    def __init__(
+        self,
+        client: aioredis.Redis | RedisCluster,
+        *,
+        prefix: str = "bb",
+        state_ttl_seconds: float = 7 * 86400,
+        settings_ttl_seconds: float = 90 * 86400,
+        context_size: int = 8,
+        dedupe_entries: int = DEDUPE_ENTRIES,
+    ) -> None:
+        self.client = client
+        self.prefix = prefix
+        self._state_ttl = int(state_ttl_seconds * 1000)
+        self._settings_ttl = int(settings_ttl_seconds * 1000)
+        self._context_size = context_size
+        self._dedupe = dedupe_entries
+        common = _lua("common.lua")
+        self._admit = client.register_script(common + _lua("admit.lua"))
+        self._sent = client.register_script(common + _lua("sent.lua"))
+        self._release = client.register_script(_lua("release.lua"))
+        self._reset = client.register_script(_lua("reset.lua"))
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> RedisStore:
+        return cls(connect(url), **kwargs)
+
+    def keys(self, chat: str) -> ChatKeys:
+        return ChatKeys(self.prefix, chat)
+
+    def _args(self, req: AdmitRequest | SentRequest, kind: Count, bot: str) -> list[Any]:
+        lim, obs = req.limits, req.msg
+        return [
+            "" if req.now_ms is None else req.now_ms,
+            obs.message_id, obs.author, obs.name or obs.author, _KIND[kind],
+            obs.text[:CONTEXT_TEXT_CHARS], bot,
+            lim.soft_limit, lim.hard_limit, lim.max_replies, lim.rate_window_ms,
+            1 if lim.rate_applies else 0,
+            lim.pair_max_events, lim.pair_window_ms, lim.pair_cooldown_ms,
+            self._state_ttl, self._settings_ttl, self._context_size, self._dedupe,
+            DECISION_LOG_SIZE,
+        ]  # fmt: skip
+
+    async def admit(self, req: AdmitRequest) -> AdmitResult:
+        keys = self.keys(req.msg.chat)
+        args = self._args(req, req.msg.count, req.bot)
+        args += [req.local_reason.value if req.local_reason else "",
+                 1 if req.author_is_bot else 0, req.context]  # fmt: skip
+        try:
+            out = await self._admit(keys=keys.common(req.bot), args=args)
+        except RedisError as exc:
+            raise StoreError(f"redis admit failed: {exc}") from exc
+        turn, soft, hard, action, reason, warn = out[:6]
+        limits = Limits(
+            soft_limit=int(out[6]),
+            hard_limit=int(out[7]),
+            max_replies=int(out[8]),
+            rate_window_ms=int(out[9]),
+            rate_applies=req.limits.rate_applies,
+            pair_max_events=req.limits.pair_max_events,
+            pair_window_ms=req.limits.pair_window_ms,
+            pair_cooldown_ms=req.limits.pair_cooldown_ms,
+        )
+        context: list[ContextEntry] = []
+        if req.context > 0 and len(out) > 12:
+            entries = [json.loads(raw) for raw in reversed(out[12:])]
+            context = [
+                ContextEntry(str(e["id"]), str(e["author"]), str(e["name"]), bool(e["bot"]),
+                             str(e["text"]))
+                for e in entries
+                if e["id"] != req.msg.message_id
+            ][-req.context :]
+        return AdmitResult(
+            turn=Turn(turn),
+            soft=int(soft),
+            hard=int(hard),
+            action=Action(action) if action else None,
+            reason=Reason(reason) if reason else None,
+            warn=warn or None,
+            limits=limits,
+            reserved=bool(int(out[10])),
+            at_ms=int(out[11]),
+            context=context,
+        )
+
+    async def record_sent(self, req: SentRequest) -> SentResult:
+        keys = self.keys(req.msg.chat)
+        args = self._args(req, Count.BOT, req.bot)
+        args.append("" if req.log is None else json.dumps(req.log))
+        try:
+            turn, soft, hard = await self._sent(keys=keys.common(req.bot), args=args)
+        except RedisError as exc:
+            raise StoreError(f"redis record_sent failed: {exc}") from exc
+        return SentResult(Turn(turn), int(soft), int(hard))
+
+    async def release(
+        self, chat: str, bot: str, message_id: str, log: dict[str, Any] | None
+    ) -> None:
+        keys = self.keys(chat)
+        args = [message_id, "" if log is None else json.dumps(log), DECISION_LOG_SIZE,
+                self._state_ttl]  # fmt: skip
+        try:
+            await self._release(keys=[keys.rate(bot), keys.log], args=args)
+        except RedisError as exc:
+            raise StoreError(f"redis release failed: {exc}") from exc
+
+    async def _now_ms(self) -> int:
+        sec, usec = await self.client.time()
+        return int(sec) * 1000 + int(usec) // 1000
+
+    async def status(
+        self, chat: str, bot: str, limits: Limits, now_ms: int | None = None
+    ) -> ChatStatus:
+        keys = self.keys(chat)
+        try:
+            now = now_ms if now_ms is not None else await self._now_ms()
+            state = await self.client.hmget(keys.state, ["soft", "hard"])
+            cfg = await self.client.hgetall(keys.cfg)
+            pairs = await self.client.hgetall(keys.pairs)
+            overrides = Overrides(**{k: int(cfg[k]) for k in _OVERRIDE_FIELDS if k in cfg})
+            eff = overrides.apply(limits)
+            used = await self.client.zcount(keys.rate(bot), f"({now - eff.rate_window_ms}", "+inf")
+        except RedisError as exc:
+            raise StoreError(f"redis status failed: {exc}") from exc
+        soft, hard = int(state[0] or 0), int(state[1] or 0)
+        cooldowns = {
+            f[2:]: (int(v) - now) / 1000
+            for f, v in sorted(pairs.items())
+            if f.startswith("c:") and int(v) > now
+        }
+        return ChatStatus(
+            chat=chat,
+            soft=soft,
+            hard=hard,
+            turn=verdict(soft, hard, eff.soft_limit, eff.hard_limit),
+            paused=cfg.get("paused") == "1",
+            overrides=overrides,
+            limits=eff,
+            pair_cooldowns=cooldowns,
+            rate_used=int(used),
+            rate_max=eff.max_replies,
+        )
+
+    async def reset(self, chat: str) -> None:
+        keys = self.keys(chat)
+        try:
+            await self._reset(keys=[keys.state, keys.pairs], args=[])
+        except RedisError as exc:
+            raise StoreError(f"redis reset failed: {exc}") from exc
+
+    async def set_paused(self, chat: str, paused: bool) -> None:
+        keys = self.keys(chat)
+        try:
+            if paused:
+                await self.client.hset(keys.cfg, "paused", "1")
+                await self.client.pexpire(keys.cfg, self._settings_ttl)
+            else:
+                await self.client.hdel(keys.cfg, "paused")
+        except RedisError as exc:
+            raise StoreError(f"redis pause failed: {exc}") from exc
+
+    async def set_overrides(self, chat: str, overrides: Overrides) -> None:
+        keys = self.keys(chat)
+        values = overrides.as_dict()
+        try:
+            await self.client.hdel(keys.cfg, *_OVERRIDE_FIELDS)
+            if values:
+                await self.client.hset(keys.cfg, mapping=values)
+                await self.client.pexpire(keys.cfg, self._settings_ttl)
+        except RedisError as exc:
+            raise StoreError(f"redis overrides failed: {exc}") from exc
+
+    async def decisions(self, chat: str, limit: int = DECISION_LOG_SIZE) -> list[dict[str, Any]]:
+        try:
+            raw = await self.client.lrange(self.keys(chat).log, 0, limit - 1)
+        except RedisError as exc:
+            raise StoreError(f"redis decisions failed: {exc}") from exc
+        return [json.loads(r) for r in raw]
+
+    async def close(self) -> None:
+        await self.client.aclose()

@@ -1,0 +1,520 @@
+"""Configuration: YAML -> validated settings, with errors that name the key path."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gateway.config import (
+    DEFAULT_WARN_HARD,
+    DEFAULT_WARN_SOFT,
+    Config,
+    ConfigError,
+    load_config,
+    parse_config,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "config.example.yml"
+
+ONE_BOT = """
+bots:
+  - name: helper
+    platform: http
+    backend: {type: echo}
+"""
+
+
+def problems(text: str, env: dict[str, str] | None = None) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, env={} if env is None else env)
+    assert str(info.value) == "\n".join(info.value.problems)
+    return info.value.problems
+
+
+# --- the example and the defaults ----------------------------------------------
+
+
+def test_example_config_loads_as_is_without_any_environment() -> None:
+    cfg = load_config(EXAMPLE, env={})
+    assert cfg.store.url == "memory://"
+    assert cfg.http.admin_token is None
+    assert [b.name for b in cfg.bots] == ["helper"]
+    bot = cfg.bot("helper")
+    assert bot.platform == "http"
+    assert bot.backend.type == "echo"
+    assert bot.token is None
+    assert bot.reply_decision.enabled is False
+    assert bot.reply_decision.endpoint is None
+
+
+def test_example_config_reads_the_admin_token_from_the_environment() -> None:
+    cfg = load_config(str(EXAMPLE), env={"BOTBOUNCER_ADMIN_TOKEN": "s3cret-admin"})
+    assert cfg.http.admin_token is not None
+    assert cfg.http.admin_token.get_secret_value() == "s3cret-admin"
+
+
+def test_example_config_states_every_default() -> None:
+    # The example documents every key with its default value: keep them in step.
+    assert load_config(EXAMPLE, env={}).defaults == Config.default().defaults
+
+
+def test_defaults_applied_when_omitted() -> None:
+    cfg = parse_config(ONE_BOT, env={})
+    bot = cfg.bots[0]
+    assert (bot.turns.soft_limit, bot.turns.hard_limit) == (20, 100)
+    assert bot.turns.warn_soft == DEFAULT_WARN_SOFT
+    assert bot.turns.warn_hard == DEFAULT_WARN_HARD
+    assert DEFAULT_WARN_HARD.format(n=100) == (
+        "🛑 Hard bot turn limit reached (100). A human must reply to continue."
+    )
+    assert (bot.pairs.max_events, bot.pairs.window_seconds, bot.pairs.cooldown_seconds) == (
+        20,
+        60.0,
+        60.0,
+    )
+    assert bot.bot_messages == "off"
+    assert bot.trusted_bots == ()
+    assert bot.respond_to == "mentions"
+    assert (bot.rate_cap.max_replies, bot.rate_cap.window_seconds, bot.rate_cap.scope) == (
+        6,
+        120.0,
+        "groups",
+    )
+    rd = bot.reply_decision
+    assert (rd.enabled, rd.timeout_seconds, rd.max_tokens, rd.context_messages, rd.scope) == (
+        False,
+        5.0,
+        4,
+        8,
+        "groups",
+    )
+    assert (cfg.store.url, cfg.store.state_ttl_seconds, cfg.store.settings_ttl_seconds) == (
+        "memory://",
+        604800,
+        7776000,
+    )
+    assert (cfg.http.listen, cfg.http.host, cfg.http.port) == ("127.0.0.1:8080", "127.0.0.1", 8080)
+
+
+def test_builtin_default_config_has_one_http_echo_bot_named_bot() -> None:
+    cfg = Config.default()
+    assert [(b.name, b.platform, b.backend.type) for b in cfg.bots] == [("bot", "http", "echo")]
+    assert cfg.bots[0].rate_cap.max_replies == 6
+
+
+def test_unknown_bot_name_lists_the_configured_ones() -> None:
+    cfg = parse_config(ONE_BOT + "  - {name: other, platform: http, backend: {type: echo}}\n")
+    with pytest.raises(KeyError) as info:
+        cfg.bot("nope")
+    assert str(info.value) == "no bot named 'nope' (configured: helper, other)"
+
+
+# --- defaults and per-bot overrides ----------------------------------------------
+
+
+def test_bot_overrides_one_leaf_and_inherits_the_rest_of_defaults() -> None:
+    cfg = parse_config(
+        """
+defaults:
+  turns: {soft_limit: 5, hard_limit: 50}
+  rate_cap: {max_replies: 3, scope: all}
+  bot_messages: mentions
+bots:
+  - name: a
+    platform: http
+    backend: {type: echo}
+    turns: {soft_limit: 7}
+    trusted_bots: [123, "abc"]
+  - name: b
+    platform: http
+    backend: {type: echo}
+""",
+        env={},
+    )
+    a, b = cfg.bots
+    assert (a.turns.soft_limit, a.turns.hard_limit) == (7, 50)
+    assert (b.turns.soft_limit, b.turns.hard_limit) == (5, 50)
+    assert (a.rate_cap.max_replies, a.rate_cap.scope) == (3, "all")
+    assert a.bot_messages == b.bot_messages == "mentions"
+    assert a.trusted_bots == ("123", "abc")
+    assert cfg.defaults.turns.soft_limit == 5
+
+
+def test_empty_sections_mean_all_defaults() -> None:
+    # A section whose keys are all commented out parses as null.
+    text = "store:\nhttp:\ndefaults:\n  pairs:\n  turns: {soft_limit: 3}\n" + ONE_BOT
+    cfg = parse_config(text + "    turns:\n    admins:\n")
+    assert cfg.store.url == "memory://"
+    assert cfg.http.listen == "127.0.0.1:8080"
+    assert cfg.defaults.pairs.max_events == 20
+    assert cfg.bots[0].turns.soft_limit == 3  # a null section does not erase defaults
+    assert cfg.bots[0].admins.user_ids == ()
+
+
+def test_admin_ids_given_as_numbers_become_strings() -> None:
+    text = ONE_BOT + "    admins: {user_ids: [42, '7'], role_ids: [99]}\n"
+    admins = parse_config(text).bots[0].admins
+    assert admins.user_ids == ("42", "7")
+    assert admins.role_ids == ("99",)
+
+
+def test_invalid_default_is_reported_once_at_defaults() -> None:
+    text = "defaults: {rate_cap: {max_replies: 0}}\n" + ONE_BOT
+    text += "  - {name: other, platform: http, backend: {type: echo}}\n"
+    assert problems(text) == ["defaults.rate_cap.max_replies: must be >= 1"]
+
+
+def test_bot_repeating_a_bad_default_value_is_reported_at_both() -> None:
+    text = "defaults: {rate_cap: {max_replies: 0}}\n" + ONE_BOT + "    rate_cap: {max_replies: 0}\n"
+    assert problems(text) == [
+        "defaults.rate_cap.max_replies: must be >= 1",
+        "bots[0].rate_cap.max_replies: must be >= 1",
+    ]
+
+
+def test_bot_error_is_named_by_its_path() -> None:
+    assert problems(ONE_BOT + "    rate_cap: {max_replies: 0}\n") == [
+        "bots[0].rate_cap.max_replies: must be >= 1"
+    ]
+
+
+# --- unknown keys and types --------------------------------------------------------
+
+
+def test_unknown_keys_are_named_by_path_at_every_depth() -> None:
+    text = """
+colour: blue
+store: {url: "memory://", ttl: 5}
+defaults:
+  pairs: {max_events: 3, burst: 1}
+bots:
+  - name: helper
+    platform: http
+    backend: {type: echo, url: "http://x"}
+    admins: {user_ids: [], groups: []}
+    reply_decision: {enabled: false, temperature: 0}
+"""
+    assert problems(text) == [
+        "store.ttl: unknown key",
+        "defaults.pairs.burst: unknown key",
+        "bots[0].reply_decision.temperature: unknown key",
+        "bots[0].backend.url: unknown key",
+        "bots[0].admins.groups: unknown key",
+        "colour: unknown key",
+    ]
+
+
+def test_type_errors_have_short_messages() -> None:
+    text = """
+store: {state_ttl_seconds: 59, settings_ttl_seconds: soon}
+defaults:
+  pairs: {window_seconds: 0, cooldown_seconds: later}
+  respond_to: everyone
+  trusted_bots: abc
+  reply_decision: {enabled: maybe, context_messages: 51, max_tokens: true}
+  turns: 3
+bots:
+  - name: helper
+    platform: irc
+    backend: {type: shell}
+    admins: [1]
+"""
+    assert problems(text) == [
+        "store.state_ttl_seconds: must be >= 60",
+        "store.settings_ttl_seconds: must be an integer",
+        "defaults.turns: must be a mapping",
+        "defaults.pairs.window_seconds: must be > 0",
+        "defaults.pairs.cooldown_seconds: must be a number",
+        "defaults.trusted_bots: must be a list",
+        "defaults.respond_to: must be one of: mentions, all",
+        "defaults.reply_decision.enabled: must be true or false",
+        "defaults.reply_decision.max_tokens: must be an integer",
+        "defaults.reply_decision.context_messages: must be <= 50",
+        "bots[0].platform: must be one of: discord, telegram, http",
+        "bots[0].backend.type: must be one of: echo",
+        "bots[0].admins: must be a mapping",
+    ]
+
+
+def test_missing_bot_fields_are_required() -> None:
+    assert problems("bots: [{platform: http}]") == [
+        "bots[0].name: is required",
+        "bots[0].backend: is required",
+    ]
+
+
+def test_bot_name_must_be_a_nonempty_string() -> None:
+    assert problems("bots: [{name: '', platform: http, backend: {type: echo}}]") == [
+        "bots[0].name: must not be empty"
+    ]
+    assert problems("bots: [{name: 5, platform: http, backend: {type: echo}}]") == [
+        "bots[0].name: must be a string"
+    ]
+
+
+# --- the rules the validators enforce ---------------------------------------------
+
+
+def test_soft_limit_must_be_below_hard_limit() -> None:
+    assert problems("defaults: {turns: {soft_limit: 100, hard_limit: 100}}\n" + ONE_BOT) == [
+        "defaults.turns.soft_limit: must be less than hard_limit (100)"
+    ]
+    assert problems(ONE_BOT + "    turns: {hard_limit: 10}\n") == [
+        "bots[0].turns.soft_limit: must be less than hard_limit (10)"
+    ]
+
+
+def test_warning_template_may_use_only_n_and_limit() -> None:
+    assert problems(ONE_BOT + "    turns: {warn_soft: 'stop at {foo}'}\n") == [
+        "bots[0].turns.warn_soft: unknown placeholder {foo}; only {n} and {limit} may be used"
+    ]
+    assert problems(ONE_BOT + "    turns: {warn_hard: 'stop {n'}\n") == [
+        "bots[0].turns.warn_hard: malformed template: expected '}' before end of string"
+    ]
+    assert problems(ONE_BOT + "    turns: {warn_hard: 'stop {}'}\n") == [
+        "bots[0].turns.warn_hard: unknown placeholder {}; only {n} and {limit} may be used"
+    ]
+    cfg = parse_config(ONE_BOT + "    turns: {warn_soft: '{n} of {limit}, {{literal}}'}\n")
+    assert cfg.bots[0].turns.warn_soft.format(n=3, limit=4) == "3 of 4, {literal}"
+
+
+def test_unquoted_off_means_off_and_unquoted_on_is_explained() -> None:
+    cfg = parse_config("defaults: {bot_messages: off}\n" + ONE_BOT + "    bot_messages: off\n")
+    assert cfg.defaults.bot_messages == "off"
+    assert cfg.bots[0].bot_messages == "off"
+    assert problems(ONE_BOT + "    bot_messages: on\n") == [
+        "bots[0].bot_messages: must be one of: off, mentions, all (an unquoted on/yes/true "
+        'reads as a boolean: write all or mentions, or quote the value: "all")'
+    ]
+
+
+def test_discord_and_telegram_bots_need_a_token() -> None:
+    text = """
+bots:
+  - {name: d, platform: discord, backend: {type: echo}}
+  - {name: t, platform: telegram, backend: {type: echo}, token: ""}
+  - {name: h, platform: http, backend: {type: echo}}
+"""
+    assert problems(text) == [
+        "bots[0].token: is required for platform discord",
+        "bots[1].token: is required for platform telegram",
+    ]
+
+
+def test_api_base_must_be_an_http_url() -> None:
+    assert problems(ONE_BOT + "    api_base: 'ftp://proxy'\n") == [
+        "bots[0].api_base: must be an http:// or https:// URL"
+    ]
+    cfg = parse_config(ONE_BOT + "    api_base: 'http://localhost:8081/bot'\n")
+    assert cfg.bots[0].api_base == "http://localhost:8081/bot"
+
+
+def test_duplicate_bot_names_rejected() -> None:
+    text = ONE_BOT + "  - {name: helper, platform: http, backend: {type: echo}}\n"
+    assert problems(text) == ["bots[1].name: duplicate bot name 'helper' (also bots[0])"]
+
+
+@pytest.mark.parametrize("bots", ["bots: []", "bots:", ""])
+def test_at_least_one_bot_is_required(bots: str) -> None:
+    assert problems(bots) == ["bots: at least one bot is required"]
+
+
+SCHEMES = "memory://, redis://, rediss://, redis+cluster://"
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("http://localhost", f"unsupported scheme 'http'; use one of: {SCHEMES}"),
+        ("mysql://db", f"unsupported scheme 'mysql'; use one of: {SCHEMES}"),
+        ("localhost:6379", f"must be a URL starting with one of: {SCHEMES}"),
+        ("redis://host:99999/0", "has an invalid port"),
+    ],
+)
+def test_store_url_scheme_is_validated(url: str, message: str) -> None:
+    assert problems(f"store: {{url: '{url}'}}\n" + ONE_BOT) == [f"store.url: {message}"]
+
+
+@pytest.mark.parametrize(
+    "url", ["memory://", "redis://localhost:6379/0", "rediss://h:6380", "redis+cluster://h:7000"]
+)
+def test_store_url_accepts_the_supported_schemes(url: str) -> None:
+    assert parse_config(f"store: {{url: '{url}'}}\n" + ONE_BOT).store.url == url
+
+
+@pytest.mark.parametrize(
+    ("listen", "message"),
+    [
+        ("8080", 'must be "host:port", e.g. "127.0.0.1:8080"'),
+        ("localhost:0", "port must be a number from 1 to 65535, got '0'"),
+        ("localhost:65536", "port must be a number from 1 to 65535, got '65536'"),
+        ("localhost:http", "port must be a number from 1 to 65535, got 'http'"),
+        ("::1:8080", 'an IPv6 address must be in brackets, e.g. "[::1]:8080"'),
+        ("[nope]:8080", "'nope' is not an IPv6 address"),
+        ("bad host:8080", "'bad host' is not a valid host name or address"),
+    ],
+)
+def test_bad_listen_address_rejected(listen: str, message: str) -> None:
+    assert problems(f"http: {{listen: '{listen}'}}\n" + ONE_BOT) == [f"http.listen: {message}"]
+
+
+def test_listen_accepts_ipv6_in_brackets() -> None:
+    cfg = parse_config("http: {listen: '[::1]:9000'}\n" + ONE_BOT)
+    assert (cfg.http.host, cfg.http.port) == ("::1", 9000)
+
+
+def test_reply_decision_enabled_needs_endpoint_and_model() -> None:
+    assert problems(ONE_BOT + "    reply_decision: {enabled: true, model: tiny}\n") == [
+        "bots[0].reply_decision.endpoint: is required when enabled"
+    ]
+    assert problems("defaults: {reply_decision: {enabled: true}}\n" + ONE_BOT) == [
+        "defaults.reply_decision.endpoint: is required when enabled",
+        "defaults.reply_decision.model: is required when enabled",
+    ]
+    cfg = parse_config(
+        ONE_BOT + "    reply_decision: {enabled: true, endpoint: 'http://llm/v1', model: m}\n"
+    )
+    assert cfg.bots[0].reply_decision.endpoint == "http://llm/v1"
+
+
+# --- environment interpolation ------------------------------------------------------
+
+
+def test_env_variable_is_substituted() -> None:
+    text = ONE_BOT.replace("platform: http", "platform: discord") + '    token: "${TOK}"\n'
+    token = parse_config(text, env={"TOK": "abc.def"}).bots[0].token
+    assert token is not None
+    assert token.get_secret_value() == "abc.def"
+
+
+def test_unset_env_variable_is_an_error_naming_the_key_path() -> None:
+    text = ONE_BOT + '    api_base: "${PROXY}"\n'
+    assert problems(text) == ["bots[0].api_base: environment variable PROXY is not set"]
+
+
+def test_env_default_used_when_unset_or_empty() -> None:
+    text = "store: {url: '${REDIS_URL:-redis://localhost:6379/1}'}\n" + ONE_BOT
+    assert parse_config(text, env={}).store.url == "redis://localhost:6379/1"
+    assert parse_config(text, env={"REDIS_URL": ""}).store.url == "redis://localhost:6379/1"
+    assert parse_config(text, env={"REDIS_URL": "memory://"}).store.url == "memory://"
+
+
+def test_set_but_empty_variable_without_default_is_empty() -> None:
+    text = ONE_BOT + '    turns: {warn_soft: "a${EMPTY}b"}\n'
+    assert parse_config(text, env={"EMPTY": ""}).bots[0].turns.warn_soft == "ab"
+
+
+def test_double_dollar_is_a_literal_dollar() -> None:
+    text = ONE_BOT + '    turns: {warn_soft: "costs $$5, not ${X}$$"}\n'
+    assert parse_config(text, env={"X": "$HOME"}).bots[0].turns.warn_soft == "costs $5, not $HOME$"
+
+
+def test_interpolated_numbers_are_validated_as_numbers() -> None:
+    text = ONE_BOT + "    rate_cap: {max_replies: '${CAP:-4}'}\n"
+    assert parse_config(text, env={}).bots[0].rate_cap.max_replies == 4
+    assert problems(text, env={"CAP": "lots"}) == [
+        "bots[0].rate_cap.max_replies: must be an integer"
+    ]
+
+
+def test_env_defaults_to_the_process_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BB_TEST_LISTEN", "127.0.0.1:9999")
+    cfg = parse_config("http: {listen: '${BB_TEST_LISTEN}'}\n" + ONE_BOT)
+    assert cfg.http.port == 9999
+    assert os.environ["BB_TEST_LISTEN"] == "127.0.0.1:9999"
+
+
+# --- secrets --------------------------------------------------------------------------
+
+
+def test_tokens_never_appear_in_repr_or_errors() -> None:
+    secret = "xoxb-VERY-SECRET-42"
+    text = f"""
+store: {{url: "redis://user:{secret}@localhost:6379/0"}}
+http: {{admin_token: "${{ADMIN}}"}}
+defaults:
+  reply_decision: {{api_key: "{secret}"}}
+bots:
+  - name: d
+    platform: discord
+    token: "${{TOK}}"
+    backend: {{type: echo}}
+"""
+    env = {"TOK": secret, "ADMIN": secret}
+    cfg = parse_config(text, env=env)
+    assert cfg.bots[0].token is not None
+    assert cfg.bots[0].token.get_secret_value() == secret
+    for shown in (repr(cfg), str(cfg), repr(cfg.store), repr(cfg.bots[0])):
+        assert secret not in shown
+    assert "redis://user:***@localhost:6379/0" in repr(cfg.store)
+
+    # A secret in the wrong place, or a bad value next to it, is not echoed.
+    bad = text.replace("backend: {type: echo}", "backend: {type: echo}\n    turns: 0")
+    bad = bad.replace("localhost:6379", "localhost:notaport")
+    errors = problems(bad, env=env)
+    assert errors == ["store.url: has an invalid port", "bots[0].turns: must be a mapping"]
+    assert secret not in "\n".join(errors)
+    errors = problems(text.replace('token: "${TOK}"', f"token: [{secret}]"), env=env)
+    assert errors == ["bots[0].token: must be a string"]
+
+
+# --- files and YAML ----------------------------------------------------------------------
+
+
+def test_yaml_syntax_error_names_source_line_and_column(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yml"
+    path.write_text("store:\n  url: [memory://\nbots: []\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    assert info.value.problems == [f"{path}: line 3, column 5: expected ',' or ']', but got ':'"]
+
+
+def test_yaml_duplicate_key_is_an_error() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config("store: {}\nstore: {}\n", source="dup.yml")
+    assert str(info.value) == "dup.yml: line 2, column 1: duplicate key 'store'"
+
+
+def test_empty_file_means_no_bots(tmp_path: Path) -> None:
+    path = tmp_path / "empty.yml"
+    path.write_text("# nothing here\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    assert info.value.problems == ["bots: at least one bot is required"]
+
+
+@pytest.mark.parametrize("text", ["- a\n- b\n", "just text\n", "42\n"])
+def test_top_level_must_be_a_mapping(text: str) -> None:
+    assert problems(text) == ["(top level): must be a mapping"]
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "nope.yml"
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.problems == [f"{path}: no such file"]
+
+
+def test_directory_and_non_utf8_file_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path)
+    assert info.value.problems == [f"{tmp_path}: is a directory, not a file"]
+    path = tmp_path / "latin1.yml"
+    path.write_bytes(b"bots: [\xff]\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.problems == [f"{path}: not UTF-8 text (bad byte at offset 7)"]
+
+
+def test_recursive_alias_is_a_config_error() -> None:
+    assert problems("x: &a [*a]\n") == ["x[0]: a recursive alias is not allowed"]
+
+
+def test_config_error_joins_problems_with_newlines() -> None:
+    err = ConfigError(["a: one", "b: two"])
+    assert str(err) == "a: one\nb: two"
+    assert err.problems == ["a: one", "b: two"]
+    assert ConfigError("c: three").problems == ["c: three"]
