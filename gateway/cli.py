@@ -80,8 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("replay", help="run a JSONL chat transcript through the pipeline")
     rep.add_argument("transcript", metavar="TRANSCRIPT.jsonl", help="a file, or - for stdin")
     rep.add_argument("-c", "--config", metavar="FILE", help="default: built-in defaults")
-    rep.add_argument("--as", dest="as_bot", metavar="BOT",
-                     help="the bot the gateway plays (default: the first configured bot)")
+    rep.add_argument(
+        "--as",
+        dest="as_bot",
+        metavar="BOT",
+        help="the bot the gateway plays (default: the first configured bot)",
+    )
     rep.set_defaults(func=_replay)
     return parser
 

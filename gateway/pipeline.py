@@ -132,8 +132,9 @@ class Gateway:
         )
         return self._logged(decision, started)
 
-    async def sent(self, decision: Decision, message_id: str, text: str,
-                   *, first: bool = True) -> SentResult:
+    async def sent(
+        self, decision: Decision, message_id: str, text: str, *, first: bool = True
+    ) -> SentResult:
         """The adapter sent `text` as `message_id`: count it as this bot's turn.
 
         The first message sent for a decision also files the decision in the
@@ -154,8 +155,9 @@ class Gateway:
         """The adapter could not send the reply: release the slot, log it."""
         log.warning("sending the reply to %s failed: %s", decision.message_id, error)
         failed = replace(decision, action=Action.DROP, reason=Reason.BACKEND_ERROR, replies=())
-        await self.store.release(decision.chat, self.bot_id, decision.message_id,
-                                 failed.log_entry())
+        await self.store.release(
+            decision.chat, self.bot_id, decision.message_id, failed.log_entry()
+        )
 
     def _logged(self, decision: Decision, started: float) -> Decision:
         ms = (time.perf_counter() - started) * 1000
@@ -170,4 +172,3 @@ class Gateway:
             extra={"decision": fields},
         )  # fmt: skip
         return decision
-

@@ -81,7 +81,9 @@ def parse_line(raw: str, line: int, prev_at: float | None, bot_id: str) -> tuple
         raise ReplayError(line, "mentions: must be a list of author ids (strings)")
     reply_to = obj.get("reply_to")
     if reply_to is not None and not isinstance(reply_to, str):
-        raise ReplayError(line, f"reply_to: must be an author id or null, not {json.dumps(reply_to)}")
+        raise ReplayError(
+            line, f"reply_to: must be an author id or null, not {json.dumps(reply_to)}"
+        )
     msg = Message(
         id=msg_id,
         chat=ChatRef(platform="replay", id=chat, kind=ChatKind(kind)),

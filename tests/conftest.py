@@ -1,5 +1,9 @@
 """Shared fixtures: a real Redis for every Store test.
 
+`stores(n)` gives n handles on one shared truth: the same MemoryStore n times,
+or n RedisStores with their own clients on one key prefix (as n replicas or n
+bots would have); tests taking it run once per store kind.
+
 REDIS_URL (default redis://127.0.0.1:6379/15) is used when it answers;
 otherwise a private redis-server is started on a free port for the session.
 Each test gets its own key prefix and its keys are deleted afterwards, so a
@@ -9,18 +13,16 @@ shared Redis is left as it was found.
 from __future__ import annotations
 
 import os
-import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from urllib.parse import urlparse
 
 import pytest
 import redis.asyncio as aioredis
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from redis_server import RedisServer, answers  # noqa: E402
+from gateway.store import MemoryStore, Store
+from gateway.store.redis import RedisStore
+from tests.redis_server import RedisServer, answers
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/15"
 
@@ -57,3 +59,41 @@ async def redis_client(redis_url: str, key_prefix: str) -> AsyncIterator[aioredi
         if keys:
             await client.delete(*keys)
         await client.aclose()
+
+
+StoreFactory = Callable[[int], Awaitable[list[Store]]]
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def stores(request: pytest.FixtureRequest, key_prefix: str) -> AsyncIterator[StoreFactory]:
+    opened: list[Store] = []
+    memory = MemoryStore(context_size=8)
+
+    async def make(n: int = 1) -> list[Store]:
+        if request.param == "memory":
+            return [memory] * n
+        url = request.getfixturevalue("redis_url")  # a sync fixture: safe to pull here
+        handles: list[Store] = [
+            RedisStore.from_url(url, prefix=key_prefix, context_size=8) for _ in range(n)
+        ]
+        opened.extend(handles)
+        return handles
+
+    yield make
+    if opened:
+        await delete_prefix(opened[0], key_prefix)
+    for store in opened:
+        await store.close()
+
+
+async def delete_prefix(store: Store, prefix: str) -> None:
+    """Leave a shared Redis as it was found: drop this test's keys."""
+    assert isinstance(store, RedisStore)
+    keys = [k async for k in store.client.scan_iter(match=f"{prefix}:*", count=1000)]
+    if keys:
+        await store.client.delete(*keys)
+
+
+@pytest.fixture
+async def store(stores: StoreFactory) -> Store:
+    return (await stores(1))[0]

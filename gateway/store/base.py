@@ -80,8 +80,13 @@ class ContextEntry:
     text: str
 
     def as_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "author": self.author, "name": self.name, "bot": self.bot,
-                "text": self.text}
+        return {
+            "id": self.id,
+            "author": self.author,
+            "name": self.name,
+            "bot": self.bot,
+            "text": self.text,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,8 +172,11 @@ class ChatStatus:
             "paused": self.paused,
             "overrides": self.overrides.as_dict(),
             "pair_cooldowns": self.pair_cooldowns,
-            "rate": {"used": self.rate_used, "max": self.rate_max,
-                     "window_seconds": self.limits.rate_window_ms / 1000},
+            "rate": {
+                "used": self.rate_used,
+                "max": self.rate_max,
+                "window_seconds": self.limits.rate_window_ms / 1000,
+            },
         }
 
 
@@ -197,8 +205,9 @@ class Store(Protocol):
         """Give back the rate-cap slot held under `message_id`; log why."""
         ...
 
-    async def status(self, chat: str, bot: str, limits: Limits,
-                     now_ms: int | None = None) -> ChatStatus: ...
+    async def status(
+        self, chat: str, bot: str, limits: Limits, now_ms: int | None = None
+    ) -> ChatStatus: ...
 
     async def reset(self, chat: str) -> None:
         """Zero the chat's counters, pair windows and cooldowns."""

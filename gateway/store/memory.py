@@ -58,8 +58,14 @@ class _Chat:
 
 
 def log_entry(
-    at_ms: int, bot: str, msg: Observed, action: Action, reason: Reason | None, turn: Turn,
-    soft: int, hard: int,
+    at_ms: int,
+    bot: str,
+    msg: Observed,
+    action: Action,
+    reason: Reason | None,
+    turn: Turn,
+    soft: int,
+    hard: int,
 ) -> dict[str, Any]:
     return {
         "at": at_ms / 1000,
@@ -172,8 +178,13 @@ class MemoryStore:
         self._remember(chat, obs.message_id, rec)
         if obs.count is not Count.NONE and self._context_size > 0:
             chat.context.append(
-                ContextEntry(obs.message_id, obs.author, obs.name or obs.author,
-                             obs.count is Count.BOT, obs.text[:CONTEXT_TEXT_CHARS])
+                ContextEntry(
+                    obs.message_id,
+                    obs.author,
+                    obs.name or obs.author,
+                    obs.count is Count.BOT,
+                    obs.text[:CONTEXT_TEXT_CHARS],
+                )
             )
             while len(chat.context) > self._context_size + 1:
                 chat.context.popleft()
@@ -203,13 +214,21 @@ class MemoryStore:
         limits = chat.overrides.apply(req.limits)
         handled = f"{obs.message_id}\x1f{req.bot}"
 
-        def result(action: Action | None, reason: Reason | None, turn: Turn, soft: int,
-                   hard: int, warn: str | None = None, reserved: bool = False,
-                   context: list[ContextEntry] | None = None) -> AdmitResult:
+        def result(
+            action: Action | None,
+            reason: Reason | None,
+            turn: Turn,
+            soft: int,
+            hard: int,
+            warn: str | None = None,
+            reserved: bool = False,
+            context: list[ContextEntry] | None = None,
+        ) -> AdmitResult:
             if action is not None:
                 chat.log.appendleft(log_entry(now, req.bot, obs, action, reason, turn, soft, hard))
-            return AdmitResult(turn, soft, hard, action, reason, warn, limits, reserved, now,
-                               context or [])
+            return AdmitResult(
+                turn, soft, hard, action, reason, warn, limits, reserved, now, context or []
+            )
 
         if handled in chat.ids:
             _, soft, hard = chat.ids.get(obs.message_id, ("n", chat.soft, chat.hard))
@@ -247,8 +266,15 @@ class MemoryStore:
             window[obs.message_id] = now
             reserved = True
         context = [e for e in chat.context if e.id != obs.message_id][-req.context :]
-        return result(None, None, turn, soft, hard, reserved=reserved,
-                      context=context if req.context > 0 else [])
+        return result(
+            None,
+            None,
+            turn,
+            soft,
+            hard,
+            reserved=reserved,
+            context=context if req.context > 0 else [],
+        )
 
     async def record_sent(self, req: SentRequest) -> SentResult:
         now = self._now(req.now_ms)

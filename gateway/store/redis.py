@@ -65,15 +65,24 @@ class ChatKeys:
         return f"{self.base}:r:{bot}"
 
     def common(self, bot: str) -> list[str]:
-        return [self.state, self.cfg, self.ids, self.idq, self.pairs, self.ctx, self.log,
-                self.rate(bot)]
+        return [
+            self.state,
+            self.cfg,
+            self.ids,
+            self.idq,
+            self.pairs,
+            self.ctx,
+            self.log,
+            self.rate(bot),
+        ]
 
 
 def connect(url: str) -> aioredis.Redis | RedisCluster:
     """A client for `redis://`, `rediss://` or `redis+cluster://` URLs."""
     if url.startswith("redis+cluster://"):
-        return RedisCluster.from_url("redis://" + url[len("redis+cluster://") :],
-                                     decode_responses=True)
+        return RedisCluster.from_url(
+            "redis://" + url[len("redis+cluster://") :], decode_responses=True
+        )
     return aioredis.from_url(url, decode_responses=True)
 
 
@@ -146,8 +155,9 @@ class RedisStore:
         if req.context > 0 and len(out) > 12:
             entries = [json.loads(raw) for raw in reversed(out[12:])]
             context = [
-                ContextEntry(str(e["id"]), str(e["author"]), str(e["name"]), bool(e["bot"]),
-                             str(e["text"]))
+                ContextEntry(
+                    str(e["id"]), str(e["author"]), str(e["name"]), bool(e["bot"]), str(e["text"])
+                )
                 for e in entries
                 if e["id"] != req.msg.message_id
             ][-req.context :]
@@ -178,8 +188,8 @@ class RedisStore:
         self, chat: str, bot: str, message_id: str, log: dict[str, Any] | None
     ) -> None:
         keys = self.keys(chat)
-        args = [message_id, "" if log is None else json.dumps(log), DECISION_LOG_SIZE,
-                self._state_ttl]  # fmt: skip
+        args: list[str | int] = [message_id, "" if log is None else json.dumps(log),
+                                 DECISION_LOG_SIZE, self._state_ttl]  # fmt: skip
         try:
             await self._release(keys=[keys.rate(bot), keys.log], args=args)
         except RedisError as exc:
@@ -205,9 +215,9 @@ class RedisStore:
             raise StoreError(f"redis status failed: {exc}") from exc
         soft, hard = int(state[0] or 0), int(state[1] or 0)
         cooldowns = {
-            f[2:]: (int(v) - now) / 1000
+            str(f)[2:]: (int(v) - now) / 1000
             for f, v in sorted(pairs.items())
-            if f.startswith("c:") and int(v) > now
+            if str(f).startswith("c:") and int(v) > now
         }
         return ChatStatus(
             chat=chat,
@@ -246,7 +256,7 @@ class RedisStore:
         try:
             await self.client.hdel(keys.cfg, *_OVERRIDE_FIELDS)
             if values:
-                await self.client.hset(keys.cfg, mapping=values)
+                await self.client.hset(keys.cfg, items=[x for kv in values.items() for x in kv])
                 await self.client.pexpire(keys.cfg, self._settings_ttl)
         except RedisError as exc:
             raise StoreError(f"redis overrides failed: {exc}") from exc

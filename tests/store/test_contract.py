@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
-from conftest import Chat, StoreFactory
-
 from gateway.model import Action, Reason, Turn
 from gateway.store import Limits, Overrides, Store
 from gateway.turns import Count
+from tests.conftest import StoreFactory
+from tests.store.harness import Chat
 
 SMALL = Limits(soft_limit=3, hard_limit=5)
 
@@ -311,9 +311,7 @@ async def test_fifty_concurrent_admits_over_three_clients_reserve_exactly_six(
 ) -> None:
     handles = await stores(3)
     chats = [Chat(h) for h in handles]
-    results = await asyncio.gather(
-        *(chats[i % 3].human(mid=f"x{i}", tick=0) for i in range(50))
-    )
+    results = await asyncio.gather(*(chats[i % 3].human(mid=f"x{i}", tick=0) for i in range(50)))
     assert sum(r.reserved for r in results) == 6
 
 

@@ -1,68 +1,21 @@
-"""The store contract harness: every test here runs on memory and on Redis.
-
-`stores(n)` gives n handles on one shared truth: the same MemoryStore n times,
-or n RedisStores with their own clients on one key prefix (as n replicas or n
-bots would have). `Chat` drives one chat with an injected clock.
-"""
+"""Drive one chat through one store handle, with an injected clock."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-import pytest
 
 from gateway.model import Reason
 from gateway.store import (
     AdmitRequest,
     AdmitResult,
     Limits,
-    MemoryStore,
     Observed,
     SentRequest,
     SentResult,
     Store,
 )
-from gateway.store.redis import RedisStore
 from gateway.turns import Count
-
-StoreFactory = Callable[[int], Awaitable[list[Store]]]
-
-
-@pytest.fixture(params=["memory", "redis"])
-async def stores(request: pytest.FixtureRequest, key_prefix: str) -> AsyncIterator[StoreFactory]:
-    opened: list[Store] = []
-    memory = MemoryStore(context_size=8)
-
-    async def make(n: int = 1) -> list[Store]:
-        if request.param == "memory":
-            return [memory] * n
-        url = request.getfixturevalue("redis_url")  # a sync fixture: safe to pull here
-        handles: list[Store] = [
-            RedisStore.from_url(url, prefix=key_prefix, context_size=8) for _ in range(n)
-        ]
-        opened.extend(handles)
-        return handles
-
-    yield make
-    if opened:
-        await delete_prefix(opened[0], key_prefix)
-    for store in opened:
-        await store.close()
-
-
-async def delete_prefix(store: Store, prefix: str) -> None:
-    """Leave a shared Redis as it was found: drop this test's keys."""
-    assert isinstance(store, RedisStore)
-    keys = [k async for k in store.client.scan_iter(match=f"{prefix}:*", count=1000)]
-    if keys:
-        await store.client.delete(*keys)
-
-
-@pytest.fixture
-async def store(stores: StoreFactory) -> Store:
-    return (await stores(1))[0]
 
 
 @dataclass

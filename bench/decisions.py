@@ -1,0 +1,514 @@
+"""Decisions per second through Gateway.handle(), against bare Redis round trips.
+
+Every inbound message costs one admit script call and an answered one a second
+(count-the-sent-reply), so the gateway on Redis can be no faster than a bare
+round trip. The number that matters is how close it gets: the ratio of
+pipeline decisions/s to a bare PING loop, both at the same concurrency, on the
+same client settings, on the same machine, measured interleaved in one run.
+Absolute rates say more about the machine than about the gateway.
+
+Round trips per message are counted on a private redis-server with MONITOR:
+every command a client sent, minus the commands Lua scripts ran inside the
+server and minus this benchmark's own control connection. (INFO commandstats
+cannot tell them apart: it also counts every redis.call() made inside a script,
+so its deltas are shown as "server commands", next to the round trips.)
+
+Run from the repo root:  .venv/bin/python bench/decisions.py
+The last line is machine-readable: ratio_redis_vs_ping=<x> rtt_drop=<x> rtt_reply=<x>
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import random
+import shutil
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from gateway.backends import EchoBackend
+from gateway.config import BotConfig, parse_config
+from gateway.model import Action, Author, ChatKind, ChatRef, Message
+from gateway.pipeline import Gateway
+from gateway.store import MemoryStore
+from gateway.store.redis import RedisStore
+
+ROOT = Path(__file__).resolve().parent.parent
+CONCURRENCY = 16
+CHATS = 1000
+PER_CHAT = 8  # messages per chat per run: CHATS * PER_CHAT decisions per run
+BUSY_SHARE = 0.1  # chats whose people mention the bot often enough to hit the rate cap
+ROUNDS = 3
+RTT_CHATS = 250  # chats in each round-trip counting phase
+BOT = "bench"
+OTHER_BOTS = ("alpha-bot", "beta-bot")
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/15"
+
+TARGET_RATIO = 0.6
+TARGET_RTT_DROP = 1.0
+TARGET_RTT_REPLY = 2.0
+
+MIXED_CONFIG = f"""
+bots:
+  - name: {BOT}
+    platform: http
+    backend: {{type: echo}}
+"""
+# Every addressed message answered: the round-trip phase must never hit the cap.
+UNCAPPED_CONFIG = f"""
+bots:
+  - name: {BOT}
+    platform: http
+    backend: {{type: echo}}
+    rate_cap: {{max_replies: 1000000}}
+"""
+
+T = TypeVar("T")
+
+
+class RedisUnavailable(Exception):
+    """No Redis to measure against: the benchmark cannot say anything."""
+
+
+# --------------------------------------------------------------------------
+# Traffic
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """One message of the traffic, before it gets a per-run id."""
+
+    chat: int
+    kind: str  # "addressed" | "unaddressed" | "bot"
+    author: str
+
+
+def mixed_traffic(chats: int, per_chat: int, seed: int = 1) -> list[Spec]:
+    """Per chat a mix of people mentioning the bot, people talking among
+    themselves and two other bots; interleaved across chats (message 1 of
+    every chat, then message 2, ...), as concurrent chats would arrive."""
+    rng = random.Random(seed)
+    per: list[list[Spec]] = []
+    for c in range(chats):
+        busy = rng.random() < BUSY_SHARE
+        row: list[Spec] = []
+        for _ in range(per_chat):
+            kind = (
+                "addressed"
+                if busy
+                else rng.choices(("addressed", "unaddressed", "bot"), (0.45, 0.3, 0.25))[0]
+            )
+            author = rng.choice(OTHER_BOTS) if kind == "bot" else f"user-{rng.randrange(5)}"
+            row.append(Spec(c, kind, author))
+        per.append(row)
+    return [row[i] for i in range(per_chat) for row in per]
+
+
+def dropped_traffic(chats: int) -> list[Spec]:
+    """Only messages this bot never answers: other bots and unaddressed people."""
+    pattern = (("bot", "alpha-bot"), ("unaddressed", "user-1"), ("bot", "beta-bot"),
+               ("bot", "alpha-bot"))  # fmt: skip
+    return [Spec(c, kind, author) for kind, author in pattern for c in range(chats)]
+
+
+def answered_traffic(chats: int) -> list[Spec]:
+    return [Spec(c, "addressed", f"user-{i}") for i in range(2) for c in range(chats)]
+
+
+def messages(specs: Sequence[Spec], run: str) -> list[Message]:
+    """Real Message objects with ids unique to this run (the store de-duplicates by id)."""
+    out = []
+    for i, s in enumerate(specs):
+        is_bot = s.kind == "bot"
+        addressed = s.kind == "addressed"
+        out.append(
+            Message(
+                id=f"{run}-{i}",
+                chat=ChatRef(platform="http", id=f"chat-{s.chat}", kind=ChatKind.GROUP),
+                author=Author(id=s.author, name=s.author.title(), is_bot=is_bot),
+                text=f"hi @{BOT}, message {i}" if addressed else f"just chatting, message {i}",
+                mentions=(BOT,) if addressed else (),
+            )
+        )
+    return out
+
+
+# --------------------------------------------------------------------------
+# The harness: 16 workers pulling from one queue
+# --------------------------------------------------------------------------
+
+
+async def drive(items: Sequence[T], op: Callable[[T], Awaitable[object]]) -> float:
+    """Run `op` over every item with CONCURRENCY workers; the wall time in seconds."""
+    queue: asyncio.Queue[T] = asyncio.Queue()
+    for item in items:
+        queue.put_nowait(item)
+
+    async def worker() -> None:
+        while True:
+            try:
+                item = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            await op(item)
+
+    gc.collect()
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+    return time.perf_counter() - started
+
+
+async def warm_pool(client: aioredis.Redis) -> None:
+    """Open CONCURRENCY connections up front, so no timed or counted phase pays
+    for (or sends the commands of) a connection handshake."""
+    await asyncio.gather(*(client.ping() for _ in range(CONCURRENCY)))
+
+
+def decide_op(gw: Gateway, tally: Counter[str]) -> Callable[[Message], Awaitable[None]]:
+    """What an adapter does with one inbound message."""
+
+    async def op(msg: Message) -> None:
+        d = await gw.handle(msg)
+        if d.action is Action.REPLY:
+            await gw.sent(d, "r-" + msg.id, d.replies[0])
+            tally["reply"] += 1
+        else:
+            tally[f"{d.action.value}:{d.reason.value if d.reason else '-'}"] += 1
+
+    return op
+
+
+@dataclass
+class Run:
+    seconds: float
+    ops: int
+    tally: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def rate(self) -> float:
+        return self.ops / self.seconds
+
+
+class Bench:
+    def __init__(self, url: str, ctl: aioredis.Redis, bare: aioredis.Redis) -> None:
+        self.url = url
+        self.ctl = ctl  # control connection: INFO, SCAN/UNLINK, the MONITOR sentinel
+        self.bare = bare  # the PING / trivial EVALSHA baseline client
+        self.trivial = bare.register_script("return 1")
+        self.mixed = parse_config(MIXED_CONFIG).bots[0]
+        self.uncapped = parse_config(UNCAPPED_CONFIG).bots[0]
+        self.runs = 0
+        self.prefix_base = f"bbbench-{os.getpid()}-{int(time.time())}"
+
+    def run_id(self) -> str:
+        self.runs += 1
+        return f"r{self.runs}"
+
+    async def ping(self, n: int) -> Run:
+        async def op(_: int) -> None:
+            await self.bare.ping()
+
+        return Run(await drive(range(n), op), n)
+
+    async def evalsha(self, n: int) -> Run:
+        async def op(_: int) -> None:
+            await self.trivial()
+
+        return Run(await drive(range(n), op), n)
+
+    async def memory_pipeline(self, specs: Sequence[Spec]) -> Run:
+        msgs = messages(specs, self.run_id())
+        tally: Counter[str] = Counter()
+        gw = Gateway(self.mixed, MemoryStore(), EchoBackend())
+        return Run(await drive(msgs, decide_op(gw, tally)), len(msgs), tally)
+
+    async def open_store(self, run: str) -> RedisStore:
+        store = RedisStore.from_url(self.url, prefix=f"{self.prefix_base}-{run}")
+        assert isinstance(store.client, aioredis.Redis)
+        await warm_pool(store.client)
+        return store
+
+    async def drop_keys(self, prefix: str) -> None:
+        batch: list[str] = []
+        async for key in self.ctl.scan_iter(match=f"{prefix}:*", count=1000):
+            batch.append(key)
+            if len(batch) >= 1000:
+                await self.ctl.unlink(*batch)
+                batch.clear()
+        if batch:
+            await self.ctl.unlink(*batch)
+
+    async def redis_pipeline(self, specs: Sequence[Spec]) -> Run:
+        run = self.run_id()
+        msgs = messages(specs, run)
+        tally: Counter[str] = Counter()
+        store = await self.open_store(run)
+        try:
+            gw = Gateway(self.mixed, store, EchoBackend())
+            return Run(await drive(msgs, decide_op(gw, tally)), len(msgs), tally)
+        finally:
+            await store.close()
+            await self.drop_keys(store.prefix)
+
+    async def count_round_trips(self, specs: Sequence[Spec], bot: BotConfig) -> Trips:
+        """Run `specs` through the gateway on Redis under MONITOR and count what it sent."""
+        run = self.run_id()
+        msgs = messages(specs, run)
+        tally: Counter[str] = Counter()
+        store = await self.open_store(run)
+        mon = aioredis.from_url(self.url, decode_responses=True)
+        me = (await self.ctl.client_info())["addr"]
+        sentinel = f"bbbench-end-{run}"
+        trips = Trips(len(msgs), tally)
+        try:
+            gw = Gateway(bot, store, EchoBackend())
+            try:
+                async with mon.monitor() as m:
+
+                    async def listen() -> None:
+                        async for cmd in m.listen():
+                            name = cmd["command"].split(" ", 1)[0].upper()
+                            if cmd["client_type"] == "lua":
+                                trips.lua += 1
+                            elif f"{cmd['client_address']}:{cmd['client_port']}" == me:
+                                if cmd["command"] == f"ECHO {sentinel}":
+                                    return
+                            else:
+                                trips.client[name] += 1
+
+                    listener = asyncio.create_task(listen())
+                    before = await self.ctl.info("commandstats")
+                    await drive(msgs, decide_op(gw, tally))
+                    after = await self.ctl.info("commandstats")
+                    await self.ctl.echo(sentinel)
+                    await asyncio.wait_for(listener, 60)
+                    trips.monitored = True
+            except RedisError as exc:  # MONITOR refused (e.g. a managed Redis)
+                trips.note = f"MONITOR unavailable ({exc}); counted script calls only"
+                before = await self.ctl.info("commandstats")
+                await drive(msgs, decide_op(gw, tally))
+                after = await self.ctl.info("commandstats")
+            trips.server = commandstats_delta(before, after)
+        finally:
+            await mon.aclose()
+            await store.close()
+            await self.drop_keys(store.prefix)
+        return trips
+
+
+SCRIPT_CALLS = ("evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro")
+
+
+@dataclass
+class Trips:
+    messages: int
+    tally: Counter[str]
+    client: Counter[str] = field(default_factory=Counter)  # commands sent by clients
+    lua: int = 0  # commands run by scripts inside the server
+    server: Counter[str] = field(default_factory=Counter)  # commandstats deltas
+    monitored: bool = False
+    note: str = ""
+
+    @property
+    def round_trips(self) -> int:
+        if self.monitored:
+            return sum(self.client.values())
+        return sum(self.server[c] for c in SCRIPT_CALLS)
+
+    @property
+    def per_message(self) -> float:
+        return self.round_trips / self.messages
+
+
+def commandstats_delta(before: dict[str, Any], after: dict[str, Any]) -> Counter[str]:
+    """Calls (including rejected ones, which were round trips too) per command,
+    minus this benchmark's own INFO calls."""
+    out: Counter[str] = Counter()
+    for key, stats in after.items():
+        old = before.get(key, {})
+        n = sum(int(stats.get(f, 0)) - int(old.get(f, 0)) for f in ("calls", "rejected_calls"))
+        name = key.removeprefix("cmdstat_")
+        if n and name != "info":
+            out[name] = n
+    return out
+
+
+# --------------------------------------------------------------------------
+# Redis to measure against
+# --------------------------------------------------------------------------
+
+
+def redis_server_class() -> Any:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from redis_server import RedisServer  # tests/ is not a package
+
+    return RedisServer
+
+
+async def check_reachable(url: str) -> None:
+    client = aioredis.from_url(url, decode_responses=True, socket_connect_timeout=2)
+    try:
+        await client.ping()
+    except (RedisError, OSError) as exc:
+        raise RedisUnavailable(
+            f"no redis-server binary on PATH to start a private one, and no Redis answers at "
+            f"{url} ({exc}). Install redis-server (e.g. apt-get install redis-server) or set "
+            f"REDIS_URL to a Redis this benchmark may write to."
+        ) from exc
+    finally:
+        await client.aclose()
+
+
+# --------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------
+
+
+def median(runs: Sequence[Run]) -> float:
+    return statistics.median(r.rate for r in runs)
+
+
+def mix(tally: Counter[str]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(tally.items(), key=lambda kv: -kv[1]))
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+async def measure(url: str, private: bool) -> str:
+    ctl = aioredis.Redis.from_url(url, decode_responses=True, single_connection_client=True)
+    bare = aioredis.from_url(url, decode_responses=True)  # RedisStore's client settings
+    bench = Bench(url, ctl, bare)
+    try:
+        version = (await ctl.info("server"))["redis_version"]
+        where = "private redis-server" if private else f"REDIS_URL {url}"
+        print(
+            f"botbouncer decisions: concurrency {CONCURRENCY}, {CHATS} chats x {PER_CHAT} "
+            f"messages per run, {ROUNDS} rounds interleaved (median); Redis {version}, {where}"
+        )
+        if not private:
+            print("NOTE: shared Redis: counts may include foreign traffic (commandstats, MONITOR)")
+        traffic = mixed_traffic(CHATS, PER_CHAT)
+        n = len(traffic)
+
+        # Warm-up: fill the connection pools, load the scripts (NOSCRIPT -> SCRIPT LOAD).
+        await warm_pool(bare)
+        await bench.ping(CONCURRENCY * 20)
+        await bench.evalsha(CONCURRENCY * 20)
+        await bench.redis_pipeline(traffic[: n // 10])
+        await bench.memory_pipeline(traffic[: n // 10])
+
+        results: dict[str, list[Run]] = {k: [] for k in ("ping", "evalsha", "redis", "memory")}
+        for r in range(ROUNDS):
+            results["ping"].append(await bench.ping(n))
+            results["evalsha"].append(await bench.evalsha(n))
+            results["redis"].append(await bench.redis_pipeline(traffic))
+            results["memory"].append(await bench.memory_pipeline(traffic))
+            print(
+                f"  round {r + 1}: "
+                + "  ".join(f"{k} {v[-1].rate:,.0f}/s" for k, v in results.items()),
+                flush=True,
+            )
+
+        drop = await bench.count_round_trips(dropped_traffic(RTT_CHATS), bench.mixed)
+        reply = await bench.count_round_trips(answered_traffic(RTT_CHATS), bench.uncapped)
+    finally:
+        await bare.aclose()
+        await ctl.aclose()
+
+    ping, evalsha = median(results["ping"]), median(results["evalsha"])
+    red, mem = median(results["redis"]), median(results["memory"])
+    ratio = red / ping
+    labels = {
+        "ping": "bare PING",
+        "evalsha": "bare EVALSHA 'return 1'",
+        "redis": "pipeline on Redis",
+        "memory": "pipeline on memory",
+    }
+    print()
+    print(f"{'ops/s (16 workers)':<28}" + "".join(f"{'round ' + str(i + 1):>11}"
+          for i in range(ROUNDS)) + f"{'median':>11}")  # fmt: skip
+    for key, runs in results.items():
+        print(f"{labels[key]:<28}" + "".join(f"{r.rate:>11,.0f}" for r in runs)
+              + f"{median(runs):>11,.0f}")  # fmt: skip
+    print(f"{'redis / ping (per round)':<28}" + "".join(
+        f"{a.rate / b.rate:>11.2f}" for a, b in zip(results["redis"], results["ping"], strict=True)
+    ) + f"{ratio:>11.2f}")  # fmt: skip
+    print(f"evalsha / ping {evalsha / ping:.2f}   memory / redis {mem / red:.1f}x")
+    print(f"traffic per run ({n} messages): {mix(results['redis'][-1].tally)}")
+    if results["redis"][-1].tally != results["memory"][-1].tally:
+        print(f"  memory store gave a different mix: {mix(results['memory'][-1].tally)}")
+
+    for label, t in (("dropped", drop), ("answered", reply)):
+        per_lua = t.lua / t.messages
+        server = sum(t.server.values())
+        sent = ", ".join(f"{k} {v}" for k, v in t.client.most_common()) or "-"
+        print(f"{label} phase: {t.messages} messages ({mix(t.tally)})")
+        print(f"  sent by the gateway: {sent}; Lua ran {per_lua:.1f} commands/message inside;")
+        print(f"  commandstats: {server / t.messages:.2f} server commands/message, "
+              f"incl. Lua-internal")  # fmt: skip
+        if t.note:
+            print(f"  NOTE: {t.note}")
+
+    dropped_only = drop.tally and all(k.startswith("drop:") for k in drop.tally)
+    answered_all = reply.tally == Counter({"reply": reply.messages})
+    if not dropped_only:
+        print("  WARNING: the dropped phase had messages that were not dropped")
+    if not answered_all:
+        print("  WARNING: the answered phase had messages that were not answered")
+    rtt_drop, rtt_reply = drop.per_message, reply.per_message
+    print()
+    print(f"{'metric':<36}{'measured':>10}{'target':>12}  result")
+    rows = (
+        ("pipeline on Redis / bare PING", ratio, f">= {TARGET_RATIO:.2f}", ratio >= TARGET_RATIO),
+        ("round trips per dropped message", rtt_drop, f"== {TARGET_RTT_DROP:.2f}",
+         drop.round_trips == TARGET_RTT_DROP * drop.messages),
+        ("round trips per answered message", rtt_reply, f"<= {TARGET_RTT_REPLY:.2f}",
+         reply.round_trips <= TARGET_RTT_REPLY * reply.messages),
+    )  # fmt: skip
+    for name, value, target, ok in rows:
+        print(f"{name:<36}{value:>10.2f}{target:>12}  {verdict(ok)}")
+    return f"ratio_redis_vs_ping={ratio:.2f} rtt_drop={rtt_drop:.2f} rtt_reply={rtt_reply:.2f}"
+
+
+def main() -> int:
+    started = time.perf_counter()
+    server = None
+    if shutil.which("redis-server"):
+        try:
+            server = redis_server_class()().start()
+        except RuntimeError as exc:
+            print(f"decisions: cannot start a private redis-server: {exc}", file=sys.stderr)
+            return 2
+        url, private = server.url, True
+    else:
+        url, private = os.environ.get("REDIS_URL", DEFAULT_REDIS_URL), False
+    try:
+        if not private:
+            asyncio.run(check_reachable(url))
+        last = asyncio.run(measure(url, private))
+    except RedisUnavailable as exc:
+        print(f"decisions: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if server is not None:
+            server.stop()
+    print(f"({time.perf_counter() - started:.1f} s)")
+    print(last)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

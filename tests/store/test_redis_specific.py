@@ -1,0 +1,104 @@
+"""What only the Redis store promises (DESIGN §4): TTLs, hash tags, server time,
+surviving a script flush."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.crc import key_slot
+
+from gateway.model import Action, Reason
+from gateway.store import AdmitRequest, Limits, Observed, Overrides
+from gateway.store.redis import RedisStore
+from gateway.turns import Count
+from tests.store.harness import Chat
+
+PAIRS = Limits(pair_max_events=2, pair_window_ms=60_000, pair_cooldown_ms=60_000)
+
+
+@pytest.fixture
+async def rstore(
+    redis_url: str, key_prefix: str, redis_client: object
+) -> AsyncIterator[RedisStore]:
+    store = RedisStore.from_url(redis_url, prefix=key_prefix)
+    yield store
+    await store.close()
+
+
+async def workload(store: RedisStore, chat_key: str) -> None:
+    chat = Chat(store, chat=chat_key, limits=PAIRS)
+    for i in range(6):
+        await chat.admit("A" if i % 2 == 0 else "B", context=3)
+    await chat.human(context=3)
+    await chat.sent("B")
+    await store.release(chat_key, "B", "nope", {"id": "nope"})
+    await store.set_paused(chat_key, True)
+    await store.set_overrides(chat_key, Overrides(soft_limit=5))
+
+
+async def test_every_key_has_a_ttl(rstore: RedisStore, key_prefix: str) -> None:
+    await workload(rstore, "test:ttl")
+    keys = [k async for k in rstore.client.scan_iter(match=f"{key_prefix}:*")]
+    assert {k.rsplit(":", 1)[-1] for k in keys} >= {"st", "cfg", "ids", "idq", "pr", "ctx",
+                                                    "log", "B"}  # fmt: skip
+    for key in keys:
+        assert await rstore.client.pttl(key) > 0, key
+
+
+async def test_all_keys_of_a_chat_share_one_cluster_slot(rstore: RedisStore,
+                                                         key_prefix: str) -> None:  # fmt: skip
+    await workload(rstore, "tg:-1001:7")
+    keys = [k async for k in rstore.client.scan_iter(match=f"{key_prefix}:*")]
+    assert len(keys) >= 8
+    assert len({key_slot(k.encode()) for k in keys}) == 1
+
+
+async def test_chat_ids_with_braces_stay_separate(rstore: RedisStore) -> None:
+    a, b = Chat(rstore, chat="x{y}z"), Chat(rstore, chat="x{y")
+    await a.admit("A")
+    await a.admit("A")
+    res = await b.admit("A")
+    assert res.soft == 1
+    keys = rstore.keys("x{y}z").common("B")
+    assert len({key_slot(k.encode()) for k in keys}) == 1
+
+
+async def test_time_comes_from_the_redis_server(rstore: RedisStore) -> None:
+    obs = Observed("test:time", "t1", "alice", "alice", Count.RESET, "hi")
+    req = AdmitRequest(obs, bot="B", local_reason=None, author_is_bot=False, limits=Limits())
+    res = await rstore.admit(req)  # no injected clock: the script asks Redis TIME
+    server_sec, _ = await rstore.client.time()
+    assert abs(res.at_ms / 1000 - int(server_sec)) < 5
+
+
+async def test_a_script_flush_never_surfaces(rstore: RedisStore) -> None:
+    chat = Chat(rstore, limits=Limits(max_replies=1))
+    first = await chat.human()
+    await rstore.client.script_flush()
+    second = await chat.human()  # register_script reloads on NOSCRIPT
+    assert (first.reserved, second.reason) == (True, Reason.RATE_CAPPED)
+    await rstore.client.script_flush()
+    await chat.sent("B")
+    await rstore.client.script_flush()
+    await rstore.reset(chat.chat)
+    await rstore.client.script_flush()
+    await rstore.release(chat.chat, "B", "x", None)
+
+
+async def test_a_lost_keyspace_starts_the_chat_afresh(rstore: RedisStore, key_prefix: str) -> None:
+    chat = Chat(rstore)
+    for _ in range(5):
+        await chat.admit("A")
+    keys = [k async for k in rstore.client.scan_iter(match=f"{key_prefix}:*")]
+    await rstore.client.delete(*keys)  # what a restart without persistence leaves
+    res = await chat.admit("A")
+    assert (res.soft, res.action, res.reason) == (1, None, None)
+
+
+async def test_decision_log_entries_are_json_with_every_field(rstore: RedisStore) -> None:
+    chat = Chat(rstore)
+    await chat.human(local=Reason.NOT_ADDRESSED)
+    (entry,) = await rstore.decisions(chat.chat)
+    assert entry["action"] == Action.DROP.value and entry["reason"] == "not_addressed"
+    assert entry["turn"] == "reset" and entry["bot"] == "B"

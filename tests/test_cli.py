@@ -1,0 +1,258 @@
+"""The `botbouncer` command line (DESIGN §5.1): check-config, help and usage.
+
+`check-config -c FILE` exits 0, or 2 with a message naming the key path and
+what is wrong - never a traceback. `python -m gateway` is the same program.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "config.example.yml"
+
+BOT = """\
+bots:
+  - name: helper
+    platform: http
+    backend: {type: echo}
+"""
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    # config.example.yml reads these with defaults; a stray value must not change the outcome
+    for name in (
+        "BOTBOUNCER_ADMIN_TOKEN",
+        "REPLY_DECISION_ENDPOINT",
+        "REPLY_DECISION_API_KEY",
+        "REPLY_DECISION_MODEL",
+    ):
+        monkeypatch.delenv(name, raising=False)
+
+
+def check(capsys: pytest.CaptureFixture[str], path: Path | str) -> Result:
+    capsys.readouterr()
+    code = main(["check-config", "-c", str(path)])
+    cap = capsys.readouterr()
+    return Result(code, cap.out, cap.err)
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.yml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def run_cli(*args: str) -> Result:
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=60,
+    )
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+# --------------------------------------------------------------------------
+# check-config, in process
+# --------------------------------------------------------------------------
+
+
+def test_example_config_is_valid(capsys: pytest.CaptureFixture[str]) -> None:
+    res = check(capsys, EXAMPLE)
+    assert res.code == 0, res.err
+    assert res.err == ""
+    assert "ok" in res.out
+
+
+def test_minimal_config_is_valid(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    res = check(capsys, write(tmp_path, BOT))
+    assert res.code == 0, res.err
+    assert "helper" in res.out
+
+
+def test_bad_value_names_the_key_path(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    res = check(capsys, write(tmp_path, BOT + "    rate_cap: {max_replies: 0}\n"))
+    assert res.code == 2
+    assert res.out == ""
+    assert "bots[0].rate_cap.max_replies: must be >= 1" in res.err
+    assert "Traceback" not in res.err
+
+
+def test_bad_default_is_reported_once_at_defaults(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    res = check(capsys, write(tmp_path, "defaults:\n  rate_cap: {max_replies: 0}\n" + BOT))
+    assert res.code == 2
+    assert "defaults.rate_cap.max_replies: must be >= 1" in res.err
+    assert "bots[0].rate_cap" not in res.err
+    assert "Traceback" not in res.err
+
+
+def test_unknown_key_is_an_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    res = check(capsys, write(tmp_path, BOT + "    colour: red\n"))
+    assert res.code == 2
+    assert "bots[0].colour" in res.err
+    assert "Traceback" not in res.err
+
+
+def test_every_problem_is_reported(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    res = check(capsys, write(tmp_path, BOT + "    rate_cap: {max_replies: 0}\n    colour: red\n"))
+    assert res.code == 2
+    assert "bots[0].rate_cap.max_replies: must be >= 1" in res.err
+    assert "bots[0].colour" in res.err
+
+
+def test_missing_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "absent.yml"
+    res = check(capsys, path)
+    assert res.code == 2
+    assert res.out == ""
+    assert "absent.yml" in res.err
+    assert "no such file" in res.err.lower()
+    assert "Traceback" not in res.err
+
+
+def test_yaml_syntax_error_has_a_line_number(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    text = "bots:\n  - name: helper\n    platform: http\n   backend: {type: echo}\n"
+    res = check(capsys, write(tmp_path, text))
+    assert res.code == 2
+    assert res.out == ""
+    assert re.search(r"\bline 4\b", res.err), res.err
+    assert "Traceback" not in res.err
+
+
+def test_unclosed_bracket_has_a_line_number(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    res = check(capsys, write(tmp_path, "store:\n  url: [memory\n"))
+    assert res.code == 2
+    assert re.search(r"\bline \d+\b", res.err), res.err
+    assert "Traceback" not in res.err
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", "bots"),
+        ("- just\n- a list\n", "must be a mapping"),
+        ("bots:\n  - name: x\n    platform: irc\n    backend: {type: echo}\n", "bots[0].platform"),
+        ("bots:\n  - name: x\n    platform: telegram\n    backend: {type: echo}\n",
+         "bots[0].token"),
+        ("store: {url: 'redis:/x'}\n" + BOT, "store.url"),
+    ],
+    ids=["empty", "not-a-mapping", "bad-platform", "token-required", "bad-store-url"],
+)  # fmt: skip
+def test_invalid_configs_exit_2_without_traceback(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, expected: str
+) -> None:
+    res = check(capsys, write(tmp_path, text))
+    assert res.code == 2
+    assert expected in res.err
+    assert "Traceback" not in res.err
+
+
+def test_not_utf8(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "config.yml"
+    path.write_bytes(b"bots: \xff\xfe\n")
+    res = check(capsys, path)
+    assert res.code == 2
+    assert "Traceback" not in res.err
+
+
+def test_directory_instead_of_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    res = check(capsys, tmp_path)
+    assert res.code == 2
+    assert "Traceback" not in res.err
+
+
+def test_check_config_requires_c(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["check-config"])
+    assert exc.value.code == 2
+    assert "-c" in capsys.readouterr().err
+
+
+def test_no_command_in_process(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main([])
+    assert exc.value.code == 2
+    assert "usage:" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------
+# the real program, as a subprocess
+# --------------------------------------------------------------------------
+
+
+def test_python_m_gateway_help() -> None:
+    res = run_cli("--help")
+    assert res.code == 0
+    assert res.out.startswith("usage: botbouncer")
+    for command in ("check-config", "replay"):
+        assert command in res.out
+
+
+def test_replay_help_lists_its_options() -> None:
+    res = run_cli("replay", "--help")
+    assert res.code == 0
+    for option in ("--as", "-c", "TRANSCRIPT.jsonl"):
+        assert option in res.out
+
+
+def test_no_command_exits_2_with_usage() -> None:
+    res = run_cli()
+    assert res.code == 2
+    assert res.out == ""
+    assert res.err.startswith("usage: botbouncer")
+    assert "Traceback" not in res.err
+
+
+def test_console_script_no_command() -> None:
+    # the `botbouncer` console script installed into the venv is the same program
+    script = Path(sys.executable).parent / "botbouncer"
+    assert script.exists(), "run `pip install -e .` to install the console script"
+    proc = subprocess.run([str(script)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("usage: botbouncer")
+
+
+def test_subprocess_check_config_example() -> None:
+    res = run_cli("check-config", "-c", str(EXAMPLE))
+    assert res.code == 0, res.err
+    assert res.err == ""
+
+
+def test_subprocess_check_config_bad_value(tmp_path: Path) -> None:
+    path = write(tmp_path, BOT + "    rate_cap: {max_replies: 0}\n")
+    res = run_cli("check-config", "-c", str(path))
+    assert res.code == 2
+    assert "bots[0].rate_cap.max_replies: must be >= 1" in res.err
+    assert "Traceback" not in res.err
+
+
+def test_subprocess_check_config_missing_file(tmp_path: Path) -> None:
+    res = run_cli("check-config", "-c", str(tmp_path / "absent.yml"))
+    assert res.code == 2
+    assert "absent.yml" in res.err
+    assert "Traceback" not in res.err
