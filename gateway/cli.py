@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +26,24 @@ def _check_config(args: argparse.Namespace) -> int:
         return _fail(f"{args.config}: invalid configuration\n{exc}")
     bots = ", ".join(f"{b.name} ({b.platform})" for b in config.bots)
     print(f"{args.config}: ok - store {config.store.scheme}, bots: {bots}")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from gateway.daemon import StartupError, serve
+
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+    )
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        return _fail(f"{args.config}: invalid configuration\n{exc}")
+    try:
+        asyncio.run(serve(config))
+    except StartupError as exc:
+        return _fail(str(exc))
     return 0
 
 
@@ -72,6 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="A gateway in front of chat bots that stops bot loops early.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run the daemon")
+    run.add_argument("-c", "--config", required=True, metavar="FILE")
+    run.add_argument("--log-level", default="info",
+                     choices=["debug", "info", "warning", "error"])  # fmt: skip
+    run.set_defaults(func=_run)
 
     check = sub.add_parser("check-config", help="validate a configuration file")
     check.add_argument("-c", "--config", required=True, metavar="FILE")

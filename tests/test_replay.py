@@ -418,11 +418,11 @@ def test_ping_pong_default_limits(replay: Replay) -> None:
     assert rows[122] == row(
         122, "peer", "soft_limit", 20, 20, "warn", "turn_soft_limit", soft_warning(20, 20)
     )
-    assert rows == (
-        _expected_ping_pong(0, 102, 1)
-        + [row(102, "alice", "reset", 0, 0, "drop", "not_addressed")]
-        + _expected_ping_pong(103, 22, 104)
-    )
+    assert rows == [
+        *_expected_ping_pong(0, 102, 1),
+        row(102, "alice", "reset", 0, 0, "drop", "not_addressed"),
+        *_expected_ping_pong(103, 22, 104),
+    ]
     assert sum(r["action"] == "warn" for r in rows) == 3
 
 

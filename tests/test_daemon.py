@@ -1,0 +1,143 @@
+"""`botbouncer run` and the HTTP ingress (DESIGN §5.1, §5.3)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from gateway.cli import main
+from gateway.config import Config, parse_config
+from gateway.daemon import Daemon
+from tests.redis_server import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+TWO_BOTS = """
+bots:
+  - {name: alpha, platform: http, backend: {type: echo}, bot_messages: mentions}
+  - {name: beta, platform: http, backend: {type: echo}, bot_messages: mentions}
+defaults:
+  turns: {soft_limit: 4, hard_limit: 8}
+"""
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[TestClient[aiohttp.web.Request, aiohttp.web.Application]]:
+    daemon = Daemon(parse_config(TWO_BOTS))
+    for adapter in daemon.adapters:
+        await adapter.start()
+    async with TestClient(TestServer(daemon.server.app)) as c:
+        yield c
+    await daemon.stop()
+
+
+async def post(c: TestClient, bot: str, body: object) -> tuple[int, dict]:  # type: ignore[type-arg]
+    resp = await c.post(f"/v1/bots/{bot}/messages", data=json.dumps(body))
+    return resp.status, await resp.json()
+
+
+async def test_healthz(client: TestClient) -> None:  # type: ignore[type-arg]
+    resp = await client.get("/healthz")
+    assert (resp.status, await resp.json()) == (200, {"status": "ok", "store": "memory"})
+
+
+async def test_an_answered_message_carries_the_reply_and_its_counted_id(
+    client: TestClient,  # type: ignore[type-arg]
+) -> None:
+    status, body = await post(client, "alpha", {"chat": "r", "author": "al", "text": "hi",
+                                                "mentions": ["alpha"], "id": "h1"})  # fmt: skip
+    assert status == 200
+    reply_id = body.pop("reply_id")
+    assert body == {"id": "h1", "chat": "r", "author": "al", "turn": "reset", "soft": 0,
+                    "hard": 0, "action": "reply", "reason": None, "warning": None,
+                    "reply": "hi"}  # fmt: skip
+    # the client shows alpha's reply to beta under reply_id: it was counted already
+    status, seen = await post(client, "beta", {"chat": "r", "author": "alpha", "bot": True,
+                                               "text": "hi", "id": reply_id})  # fmt: skip
+    assert (seen["soft"], seen["reason"]) == (1, "bot_ignored")
+
+
+async def test_two_http_bots_loop_until_the_soft_limit_and_one_warns(
+    client: TestClient,  # type: ignore[type-arg]
+) -> None:
+    msg = {"chat": "loop", "author": "al", "text": "go", "mentions": ["alpha"]}
+    speaker, other = "alpha", "beta"
+    _, body = await post(client, speaker, msg)
+    posted = [body["reply"]]
+    warnings = []
+    for _ in range(10):
+        relay = {"chat": "loop", "author": speaker, "bot": True, "text": posted[-1],
+                 "mentions": [other], "id": body.get("reply_id") or body["warning_id"]}  # fmt: skip
+        _, body = await post(client, other, relay)
+        if body["action"] == "warn":
+            warnings.append(body["warning"])
+        if body["action"] not in ("reply", "warn"):
+            break
+        posted.append(body.get("reply") or body["warning"])
+        speaker, other = other, speaker
+    assert warnings == ["⚠️ Bot turn limit reached (4/4). A human must reply here to continue "
+                        "the bot-to-bot conversation."]  # fmt: skip
+    assert (body["action"], body["reason"]) == ("drop", "turn_throttled")
+
+
+@pytest.mark.parametrize(
+    ("path", "data", "status", "needle"),
+    [
+        ("/v1/bots/alpha/messages", "{nope", 400, "invalid JSON"),
+        ("/v1/bots/alpha/messages", "[1]", 400, "must be a JSON object"),
+        ("/v1/bots/alpha/messages", '{"chat": "r"}', 400, "author: is required"),
+        ("/v1/bots/alpha/messages", '{"chat": "r", "author": "a", "x": 1}', 400, "x: unknown"),
+        ("/v1/bots/gamma/messages", "{}", 404, "no http bot named 'gamma'"),
+        ("/v1/bots/alpha/messages", "x" * 70_000, 413, "larger than 65536"),
+        ("/nowhere", "{}", 404, "Not Found"),
+    ],
+)
+async def test_bad_requests_get_a_json_error_never_a_500(
+    client: TestClient,  # type: ignore[type-arg]
+    path: str, data: str, status: int, needle: str,
+) -> None:  # fmt: skip
+    resp = await client.post(path, data=data)
+    assert resp.status == status
+    assert needle in (await resp.json())["error"]
+
+
+def test_a_platform_without_an_adapter_is_a_clear_startup_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = tmp_path / "c.yml"
+    cfg.write_text("bots:\n  - {name: d, platform: discord, token: t, backend: {type: echo}}\n")
+    assert main(["run", "-c", str(cfg)]) == 2
+    assert "no adapter for platform 'discord'" in capsys.readouterr().err
+
+
+async def test_run_serves_until_sigterm_then_exits_0(tmp_path: Path) -> None:
+    port = free_port()
+    example = (ROOT / "config.example.yml").read_text()
+    cfg = tmp_path / "c.yml"
+    cfg.write_text(example.replace('listen: "127.0.0.1:8080"', f'listen: "127.0.0.1:{port}"'))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway", "run", "-c", str(cfg),
+        stderr=asyncio.subprocess.PIPE, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    line = await asyncio.wait_for(proc.stderr.readline(), 30)
+    assert f"listening on http://127.0.0.1:{port}" in line.decode()
+    async with aiohttp.ClientSession() as http:
+        body = {"chat": "c", "author": "alice", "text": "ping", "mentions": ["helper"]}
+        async with http.post(f"http://127.0.0.1:{port}/v1/bots/helper/messages",
+                             json=body) as resp:  # fmt: skip
+            assert (resp.status, (await resp.json())["reply"]) == (200, "ping")
+    proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(proc.wait(), 30) == 0
+
+
+def test_the_default_config_has_one_http_echo_bot() -> None:
+    bot = Config.default().bots[0]
+    assert (bot.name, bot.platform, bot.backend.type) == ("bot", "http", "echo")
