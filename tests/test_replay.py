@@ -717,6 +717,39 @@ def test_pair_cooldown(replay: Replay) -> None:
     ]
 
 
+def test_pair_cooldown_needs_more_than_max_events_within_the_window(replay: Replay) -> None:
+    config = config_text(
+        turns={"soft_limit": 50, "hard_limit": 100},
+        pairs={"max_events": 3, "window_seconds": 10, "cooldown_seconds": 30},
+        bot_messages="all",
+        rate_cap={"max_replies": 1000},
+    )
+    res = replay(
+        [
+            own(at=0.0),
+            peer(at=1.0),  # exchange 1
+            own(at=2.0),  # exchange 2
+            peer(at=3.0),  # exchange 3: max_events, not more
+            own(at=20.0),  # exchange 4, but 1..3 have left the 10 s window
+            peer(at=21.0),  # 2 in the window
+            own(at=22.0),  # 3
+            peer(at=23.0),  # 4 > 3: cooldown
+        ],
+        config=config,
+    )
+    assert res.code == 0, res.err
+    assert res.rows == [
+        row(0, "bot", "ok", 1, 1, "drop", "own_message"),
+        row(1, "peer", "ok", 2, 2, "reply"),
+        row(2, "bot", "ok", 3, 3, "drop", "own_message"),
+        row(3, "peer", "ok", 4, 4, "reply"),
+        row(4, "bot", "ok", 5, 5, "drop", "own_message"),
+        row(5, "peer", "ok", 6, 6, "reply"),
+        row(6, "bot", "ok", 7, 7, "drop", "own_message"),
+        row(7, "peer", "ok", 8, 8, "drop", "pair_cooldown"),
+    ]
+
+
 # --------------------------------------------------------------------------
 # invalid input
 # --------------------------------------------------------------------------
