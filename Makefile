@@ -25,7 +25,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy gateway
+	$(BIN)/mypy gateway adapters
 
 format: $(STAMP)
 	$(BIN)/ruff format .

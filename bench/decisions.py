@@ -146,8 +146,8 @@ def messages(specs: Sequence[Spec], run: str) -> list[Message]:
 # --------------------------------------------------------------------------
 
 
-async def drive(items: Sequence[T], op: Callable[[T], Awaitable[object]]) -> float:
-    """Run `op` over every item with CONCURRENCY workers; the wall time in seconds."""
+async def drive(items: Sequence[T], op: Callable[[T], Awaitable[object]]) -> tuple[float, float]:
+    """Run `op` over every item with CONCURRENCY workers; wall and CPU seconds."""
     queue: asyncio.Queue[T] = asyncio.Queue()
     for item in items:
         queue.put_nowait(item)
@@ -161,9 +161,9 @@ async def drive(items: Sequence[T], op: Callable[[T], Awaitable[object]]) -> flo
             await op(item)
 
     gc.collect()
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
-    return time.perf_counter() - started
+    return time.perf_counter() - started, time.process_time() - cpu
 
 
 async def warm_pool(client: aioredis.Redis) -> None:
@@ -186,15 +186,31 @@ def decide_op(gw: Gateway, tally: Counter[str]) -> Callable[[Message], Awaitable
     return op
 
 
+# Top-level commands whose commandstats time is the time Redis spent on a call
+# (a script's own time includes the redis.call()s it made).
+SCRIPT_CALLS = ("evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro")
+TOP_LEVEL = ("ping", *SCRIPT_CALLS)
+
+
 @dataclass
 class Run:
     seconds: float
+    cpu: float  # this process's CPU seconds: the gateway and redis-py
     ops: int
     tally: Counter[str] = field(default_factory=Counter)
+    server_usec: int | None = None  # Redis's time in the calls (commandstats)
 
     @property
     def rate(self) -> float:
         return self.ops / self.seconds
+
+    @property
+    def cpu_us(self) -> float:
+        return self.cpu * 1e6 / self.ops
+
+    @property
+    def server_us(self) -> float | None:
+        return None if self.server_usec is None else self.server_usec / self.ops
 
 
 class Bench:
@@ -212,23 +228,33 @@ class Bench:
         self.runs += 1
         return f"r{self.runs}"
 
+    async def on_redis(
+        self, items: Sequence[T], op: Callable[[T], Awaitable[object]], tally: Counter[str]
+    ) -> Run:
+        """A timed run, with Redis's own time for it read from commandstats."""
+        before = await self.ctl.info("commandstats")
+        wall, cpu = await drive(items, op)
+        after = await self.ctl.info("commandstats")
+        return Run(wall, cpu, len(items), tally, usec_delta(before, after, TOP_LEVEL))
+
     async def ping(self, n: int) -> Run:
         async def op(_: int) -> None:
             await self.bare.ping()
 
-        return Run(await drive(range(n), op), n)
+        return await self.on_redis(range(n), op, Counter())
 
     async def evalsha(self, n: int) -> Run:
         async def op(_: int) -> None:
             await self.trivial()
 
-        return Run(await drive(range(n), op), n)
+        return await self.on_redis(range(n), op, Counter())
 
     async def memory_pipeline(self, specs: Sequence[Spec]) -> Run:
         msgs = messages(specs, self.run_id())
         tally: Counter[str] = Counter()
         gw = Gateway(self.mixed, MemoryStore(), EchoBackend())
-        return Run(await drive(msgs, decide_op(gw, tally)), len(msgs), tally)
+        wall, cpu = await drive(msgs, decide_op(gw, tally))
+        return Run(wall, cpu, len(msgs), tally)
 
     async def open_store(self, run: str) -> RedisStore:
         store = RedisStore.from_url(self.url, prefix=f"{self.prefix_base}-{run}")
@@ -253,7 +279,7 @@ class Bench:
         store = await self.open_store(run)
         try:
             gw = Gateway(self.mixed, store, EchoBackend())
-            return Run(await drive(msgs, decide_op(gw, tally)), len(msgs), tally)
+            return await self.on_redis(msgs, decide_op(gw, tally), tally)
         finally:
             await store.close()
             await self.drop_keys(store.prefix)
@@ -300,19 +326,11 @@ class Bench:
                 await drive(msgs, decide_op(gw, tally))
                 after = await self.ctl.info("commandstats")
             trips.server = commandstats_delta(before, after)
-            trips.usec = sum(
-                int(after.get(f"cmdstat_{c}", {}).get("usec", 0))
-                - int(before.get(f"cmdstat_{c}", {}).get("usec", 0))
-                for c in SCRIPT_CALLS
-            )
         finally:
             await mon.aclose()
             await store.close()
             await self.drop_keys(store.prefix)
         return trips
-
-
-SCRIPT_CALLS = ("evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro")
 
 
 @dataclass
@@ -322,7 +340,6 @@ class Trips:
     client: Counter[str] = field(default_factory=Counter)  # commands sent by clients
     lua: int = 0  # commands run by scripts inside the server
     server: Counter[str] = field(default_factory=Counter)  # commandstats deltas
-    usec: int = 0  # commandstats: time Redis spent in script calls
     monitored: bool = False
     note: str = ""
 
@@ -335,6 +352,14 @@ class Trips:
     @property
     def per_message(self) -> float:
         return self.round_trips / self.messages
+
+
+def usec_delta(before: dict[str, Any], after: dict[str, Any], commands: Sequence[str]) -> int:
+    return sum(
+        int(after.get(f"cmdstat_{c}", {}).get("usec", 0))
+        - int(before.get(f"cmdstat_{c}", {}).get("usec", 0))
+        for c in commands
+    )
 
 
 def commandstats_delta(before: dict[str, Any], after: dict[str, Any]) -> Counter[str]:

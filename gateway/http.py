@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.store import Store
+from gateway.store import Store, StoreError
 
 log = logging.getLogger("botbouncer.http")
 
@@ -46,6 +46,9 @@ async def _errors(
         raise
     except BadRequest as exc:
         return error(400, str(exc))
+    except StoreError as exc:
+        log.error("store error on %s: %s", request.path, exc)
+        return error(503, "the state store is unavailable; try again")
 
 
 class HttpServer:
