@@ -230,9 +230,8 @@ class MemoryStore:
                 turn, soft, hard, action, reason, warn, limits, reserved, now, context or []
             )
 
-        if handled in chat.ids:
-            _, soft, hard = chat.ids.get(obs.message_id, ("n", chat.soft, chat.hard))
-            return result(Action.DROP, Reason.DUPLICATE, Turn.NONE, soft, hard)
+        if handled in chat.ids:  # counted nothing now: the chat's counters as they are
+            return result(Action.DROP, Reason.DUPLICATE, Turn.NONE, chat.soft, chat.hard)
         self._remember(chat, handled, ("h", 0, 0))
         rec = self._count(chat, obs, limits, now)
         _, soft, hard = rec

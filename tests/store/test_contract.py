@@ -159,6 +159,8 @@ async def test_a_message_id_seen_twice_counts_once(stores: StoreFactory) -> None
         Action.DROP, Reason.DUPLICATE, Turn.NONE, 1)  # fmt: skip
     res = await by_b.admit("A")
     assert res.soft == 2
+    late = await by_b.admit("A", mid="dup")  # a late redelivery reports the counters as they are
+    assert (late.reason, late.soft, late.hard) == (Reason.DUPLICATE, 2, 2)
 
 
 async def test_own_and_ignored_bot_messages_both_advance_the_counters(store: Store) -> None:

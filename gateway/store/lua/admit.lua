@@ -22,16 +22,9 @@ end
 
 local handled = MSG_ID .. '\31' .. BOT
 if redis.call('HEXISTS', K_IDS, handled) == 1 then
-  local soft, hard
-  local seen = redis.call('HGET', K_IDS, MSG_ID)
-  if seen then
-    local _
-    _, soft, hard = split_record(seen)
-  else
-    local c = redis.call('HMGET', K_STATE, 'soft', 'hard')
-    soft, hard = tonumber(c[1] or '0'), tonumber(c[2] or '0')
-  end
-  return finish('drop', 'duplicate', 'none', soft, hard, '', 0)
+  -- counted nothing now: the chat's counters as they are
+  local c = redis.call('HMGET', K_STATE, 'soft', 'hard')
+  return finish('drop', 'duplicate', 'none', tonumber(c[1] or '0'), tonumber(c[2] or '0'), '', 0)
 end
 remember(handled, 'h 0 0')
 local kind, soft, hard = count()
