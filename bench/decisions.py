@@ -11,7 +11,7 @@ Round trips per message are counted on a private redis-server with MONITOR:
 every command a client sent, minus the commands Lua scripts ran inside the
 server and minus this benchmark's own control connection. (INFO commandstats
 cannot tell them apart: it also counts every redis.call() made inside a script,
-so its deltas are shown as "server commands", next to the round trips.)
+so its totals are shown beside the round trips as a measure of script work.)
 
 Run from the repo root:  .venv/bin/python bench/decisions.py
 The last line is machine-readable: ratio_redis_vs_ping=<x> rtt_drop=<x> rtt_reply=<x>
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib
 import os
 import random
 import shutil
@@ -29,11 +30,13 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Monitor
 from redis.exceptions import RedisError
 
 from gateway.backends import EchoBackend
@@ -46,9 +49,12 @@ from gateway.store.redis import RedisStore
 ROOT = Path(__file__).resolve().parent.parent
 CONCURRENCY = 16
 CHATS = 1000
-PER_CHAT = 8  # messages per chat per run: CHATS * PER_CHAT decisions per run
+PER_CHAT = 5  # messages per ordinary chat per run
 BUSY_SHARE = 0.1  # chats whose people mention the bot often enough to hit the rate cap
-ROUNDS = 5  # odd rounds run the four measurements in reverse order (ABBA against drift)
+BUSY_PER_CHAT = 9  # all addressed: 6 answered, 3 rate-capped
+# Rounds run the four measurements in alternating order (ABBA, against drift);
+# more rounds while the time budget allows.
+MIN_ROUNDS, MAX_ROUNDS, ROUNDS_BUDGET_S = 3, 5, 40.0
 RTT_CHATS = 250  # chats in each round-trip counting phase
 BOT = "bench"
 OTHER_BOTS = ("alpha-bot", "beta-bot")
@@ -94,7 +100,7 @@ class Spec:
     author: str
 
 
-def mixed_traffic(chats: int, per_chat: int, seed: int = 1) -> list[Spec]:
+def mixed_traffic(chats: int, seed: int = 1) -> list[Spec]:
     """Per chat a third each of people mentioning the bot, people talking among
     themselves and two other bots; in busy chats every message mentions the bot,
     so the rate cap (6 per 120 s) bites. Interleaved across chats (message 1 of
@@ -104,12 +110,12 @@ def mixed_traffic(chats: int, per_chat: int, seed: int = 1) -> list[Spec]:
     for c in range(chats):
         busy = rng.random() < BUSY_SHARE
         row: list[Spec] = []
-        for _ in range(per_chat):
+        for _ in range(BUSY_PER_CHAT if busy else PER_CHAT):
             kind = "addressed" if busy else rng.choice(("addressed", "unaddressed", "bot"))
             author = rng.choice(OTHER_BOTS) if kind == "bot" else f"user-{rng.randrange(5)}"
             row.append(Spec(c, kind, author))
         per.append(row)
-    return [row[i] for i in range(per_chat) for row in per]
+    return [row[i] for i in range(BUSY_PER_CHAT) for row in per if i < len(row)]
 
 
 def dropped_traffic(chats: int) -> list[Spec]:
@@ -285,52 +291,49 @@ class Bench:
             await self.drop_keys(store.prefix)
 
     async def count_round_trips(self, specs: Sequence[Spec], bot: BotConfig) -> Trips:
-        """Run `specs` through the gateway on Redis under MONITOR and count what it sent."""
+        """Run `specs` through the gateway on Redis under MONITOR and count what
+        clients sent, apart from this benchmark's control connection."""
         run = self.run_id()
         msgs = messages(specs, run)
-        tally: Counter[str] = Counter()
-        store = await self.open_store(run)
-        mon = aioredis.from_url(self.url, decode_responses=True)
-        me = (await self.ctl.client_info())["addr"]
+        trips = Trips(len(msgs), Counter())
         sentinel = f"bbbench-end-{run}"
-        trips = Trips(len(msgs), tally)
-        try:
-            gw = Gateway(bot, store, EchoBackend())
+        async with AsyncExitStack() as stack:
+            store = await self.open_store(run)
+            stack.push_async_callback(self.drop_keys, store.prefix)
+            stack.push_async_callback(store.close)
+            mon = aioredis.from_url(self.url, decode_responses=True)
+            stack.push_async_callback(mon.aclose)
+            listener: asyncio.Task[None] | None = None
             try:
-                async with mon.monitor() as m:
-
-                    async def listen() -> None:
-                        async for cmd in m.listen():
-                            name = cmd["command"].split(" ", 1)[0].upper()
-                            if cmd["client_type"] == "lua":
-                                trips.lua += 1
-                            elif f"{cmd['client_address']}:{cmd['client_port']}" == me:
-                                if cmd["command"] == f"ECHO {sentinel}":
-                                    return
-                            else:
-                                trips.client[name] += 1
-
-                    listener = asyncio.create_task(listen())
-                    try:
-                        before = await self.ctl.info("commandstats")
-                        await drive(msgs, decide_op(gw, tally))
-                        after = await self.ctl.info("commandstats")
-                        await self.ctl.echo(sentinel)
-                        await asyncio.wait_for(listener, 60)
-                    finally:
-                        listener.cancel()
-                    trips.monitored = True
-            except RedisError as exc:  # MONITOR refused (e.g. a managed Redis)
+                monitor = await stack.enter_async_context(mon.monitor())
+            except RedisError as exc:  # refused, e.g. on a managed Redis
                 trips.note = f"MONITOR unavailable ({exc}); counted script calls only"
-                before = await self.ctl.info("commandstats")
-                await drive(msgs, decide_op(gw, tally))
-                after = await self.ctl.info("commandstats")
+            else:
+                me = str((await self.ctl.client_info())["addr"])
+                listener = asyncio.create_task(listen(monitor, me, f"ECHO {sentinel}", trips))
+                stack.callback(listener.cancel)
+            gw = Gateway(bot, store, EchoBackend())
+            before = await self.ctl.info("commandstats")
+            await drive(msgs, decide_op(gw, trips.tally))
+            after = await self.ctl.info("commandstats")
             trips.server = commandstats_delta(before, after)
-        finally:
-            await mon.aclose()
-            await store.close()
-            await self.drop_keys(store.prefix)
+            if listener is not None:
+                await self.ctl.echo(sentinel)
+                await asyncio.wait_for(listener, 60)
+                trips.monitored = True
         return trips
+
+
+async def listen(monitor: Monitor, me: str, sentinel: str, trips: Trips) -> None:
+    """Tally MONITOR's feed until the control connection sends `sentinel`."""
+    async for cmd in monitor.listen():
+        if cmd["client_type"] == "lua":
+            trips.lua += 1
+        elif f"{cmd['client_address']}:{cmd['client_port']}" == me:
+            if cmd["command"] == sentinel:
+                return
+        else:
+            trips.client[cmd["command"].split(" ", 1)[0].upper()] += 1
 
 
 @dataclass
@@ -381,10 +384,9 @@ def commandstats_delta(before: dict[str, Any], after: dict[str, Any]) -> Counter
 
 
 def redis_server_class() -> Any:
+    """tests/redis_server.py's RedisServer (tests/ is not a package)."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from redis_server import RedisServer  # tests/ is not a package
-
-    return RedisServer
+    return importlib.import_module("redis_server").RedisServer
 
 
 async def check_reachable(url: str) -> None:
@@ -435,13 +437,13 @@ async def measure(url: str, private: bool) -> Results:
         version = (await ctl.info("server"))["redis_version"]
         where = "a private redis-server" if private else f"REDIS_URL {url}"
         print(
-            f"botbouncer decisions: concurrency {CONCURRENCY}, {CHATS} chats x {PER_CHAT} "
-            f"messages per run, {ROUNDS} rounds interleaved; Redis {version} on {where}",
+            f"decisions: concurrency {CONCURRENCY}, {CHATS} chats of mixed traffic, "
+            f"{MIN_ROUNDS}-{MAX_ROUNDS} rounds interleaved; Redis {version} on {where}",
             flush=True,
         )
         if not private:
             print("NOTE: shared Redis: commandstats and MONITOR may include foreign traffic")
-        traffic = mixed_traffic(CHATS, PER_CHAT)
+        traffic = mixed_traffic(CHATS)
         n = len(traffic)
         # PING runs right next to the Redis pipeline, in both orders (ABBA).
         kinds: dict[str, Callable[[], Awaitable[Run]]] = {
@@ -459,12 +461,17 @@ async def measure(url: str, private: bool) -> Results:
         await bench.memory_pipeline(traffic[: n // 10])
 
         runs: dict[str, list[Run]] = {k: [] for k in kinds}
-        for r in range(ROUNDS):
+        started = time.perf_counter()
+        for r in range(MAX_ROUNDS):
+            round_started = time.perf_counter()
             order = list(kinds) if r % 2 == 0 else list(reversed(kinds))
             for key in order:
                 runs[key].append(await kinds[key]())
             rates = "  ".join(f"{k} {v[-1].rate:,.0f}/s" for k, v in runs.items())
             print(f"  round {r + 1}: {rates}", flush=True)
+            now = time.perf_counter()
+            if r + 1 >= MIN_ROUNDS and now - started + (now - round_started) > ROUNDS_BUDGET_S:
+                break
 
         drop = await bench.count_round_trips(dropped_traffic(RTT_CHATS), bench.mixed)
         reply = await bench.count_round_trips(answered_traffic(RTT_CHATS), bench.uncapped)
@@ -495,7 +502,7 @@ def report(res: Results) -> str:
     paired = [a.rate / b.rate for a, b in zip(runs["redis"], runs["ping"], strict=True)]
     ratio = statistics.median(paired)
     print()
-    head = "".join(f"{'round ' + str(i + 1):>9}" for i in range(ROUNDS))
+    head = "".join(f"{'round ' + str(i + 1):>9}" for i in range(len(paired)))
     print(f"{'ops/s, 16 workers':<25}{head}{'median':>9}{'CPU us':>8}{'Redis us':>9}")
     for key, rs in runs.items():
         cpu = median_of([r.cpu_us for r in rs])
@@ -507,10 +514,14 @@ def report(res: Results) -> str:
           + f"{ratio:>9.2f}")  # fmt: skip
     ping, evalsha = median(runs["ping"]), median(runs["evalsha"])
     red, mem = median(runs["redis"]), median(runs["memory"])
+    cpu_ping = median_of([r.cpu_us for r in runs["ping"]]) or 0.0
+    cpu_red = median_of([r.cpu_us for r in runs["redis"]]) or 1.0
     print(
-        "CPU us: this process's CPU per operation (gateway + redis-py); Redis us: Redis's\n"
-        "own time per operation (commandstats). Ratios of the medians: pipeline/PING "
-        f"{red / ping:.2f}, EVALSHA/PING {evalsha / ping:.2f}, memory/Redis {mem / red:.1f}x"
+        "CPU us: this process's CPU per operation (gateway + redis-py); Redis us: Redis's own\n"
+        "time per operation (commandstats). Ratios of the medians: pipeline/PING "
+        f"{red / ping:.2f},\nEVALSHA/PING {evalsha / ping:.2f}, memory/Redis {mem / red:.1f}x; "
+        f"by CPU per operation, PING/pipeline {cpu_ping / cpu_red:.2f}\n(CPU time is robust "
+        "to a busy machine; it bounds the ratio while this process is the bottleneck)"
     )
 
     tally = runs["redis"][-1].tally
@@ -522,8 +533,8 @@ def report(res: Results) -> str:
     trips = (n + tally["reply"]) / n
     print(
         f"  {trips:.2f} round trips per decision (1 per drop, 2 per reply): a gateway costing\n"
-        f"  nothing beyond its round trips would reach ~{1 / trips:.2f} of PING; this one does "
-        f"{ratio * trips:.2f} of PING's round trips/s"
+        f"  nothing beyond its round trips would reach ~{1 / trips:.2f} of PING's rate;\n"
+        f"  this one makes {ratio * trips:.2f} of PING's round trips/s"
     )
 
     for label, t in (("dropped", res.drop), ("answered", res.reply)):
@@ -532,8 +543,8 @@ def report(res: Results) -> str:
         print(f"{label} phase: {t.messages} messages ({mix(t.tally)})")
         inside = t.lua / t.messages
         print(
-            f"  sent to Redis: {sent}; scripts ran {inside:.1f} commands/message;"
-            f" commandstats {server / t.messages:.2f}/message (incl. script-internal)"
+            f"  sent to Redis: {sent}; scripts ran {inside:.1f} commands/message inside;\n"
+            f"  commandstats: {server / t.messages:.2f} calls/message (it counts those too)"
         )
         if t.note:
             print(f"  NOTE: {t.note}")
