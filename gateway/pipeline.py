@@ -67,6 +67,7 @@ class Gateway:
         self._trusted = frozenset(bot.trusted_bots)
         rd = bot.reply_decision
         self._context = rd.context_messages if rd.enabled else 0
+        self._limits = {kind: limits_for(bot, kind) for kind in ChatKind}
 
     def _now_ms(self) -> int | None:
         return None if self.clock is None else round(self.clock() * 1000)
@@ -87,7 +88,7 @@ class Gateway:
                 bot=self.bot_id,
                 local_reason=local,
                 author_is_bot=msg.author.is_bot or msg.author.id == self.bot_id,
-                limits=limits_for(self.bot, msg.chat.kind),
+                limits=self._limits[msg.chat.kind],
                 context=self._context,
                 now_ms=self._now_ms(),
             )
@@ -145,7 +146,7 @@ class Gateway:
             SentRequest(
                 msg=own,
                 bot=self.bot_id,
-                limits=limits_for(self.bot, ChatKind.GROUP),
+                limits=self._limits[ChatKind.GROUP],
                 log=decision.log_entry() if first else None,
                 now_ms=self._now_ms(),
             )
@@ -160,9 +161,10 @@ class Gateway:
         )
 
     def _logged(self, decision: Decision, started: float) -> Decision:
-        ms = (time.perf_counter() - started) * 1000
+        if not log.isEnabledFor(logging.INFO):
+            return decision
         fields: dict[str, Any] = decision.as_dict()
-        fields["ms"] = round(ms, 3)
+        fields["ms"] = round((time.perf_counter() - started) * 1000, 3)
         log.info(
             "decision bot=%s chat=%s id=%s author=%s action=%s reason=%s turn=%s soft=%d "
             "hard=%d",

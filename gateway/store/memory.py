@@ -28,8 +28,8 @@ from gateway.store.base import (
 )
 from gateway.turns import Count, verdict
 
-# Dedupe memory per chat: message ids (and per-bot "handled" marks), oldest
-# evicted first. Long enough for every bot behind the store to observe a
+# Dedupe memory per chat: the last message ids with the bots that handled them,
+# oldest evicted first. Long enough for every bot behind the store to observe a
 # message and for a platform to redeliver it; small enough to stay cheap.
 DEDUPE_ENTRIES = 128
 
@@ -45,7 +45,10 @@ class _Chat:
     last: str | None = None  # author of the previous bot turn
     spoke: dict[str, int] = field(default_factory=dict)
     claims: dict[str, int] = field(default_factory=dict)
-    ids: OrderedDict[str, tuple[str, int, int]] = field(default_factory=OrderedDict)
+    # message id -> (kind, soft, hard) as counted, and the bots that handled it
+    ids: OrderedDict[str, tuple[tuple[str, int, int], set[str]]] = field(
+        default_factory=OrderedDict
+    )
     windows: dict[str, list[int]] = field(default_factory=dict)
     cooldowns: dict[str, int] = field(default_factory=dict)
     rate: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -145,8 +148,10 @@ class MemoryStore:
         )
         return state_gone and settings_gone and rate_gone and pairs_gone
 
-    def _remember(self, chat: _Chat, field_: str, value: tuple[str, int, int]) -> None:
-        chat.ids[field_] = value
+    def _remember(
+        self, chat: _Chat, msg_id: str, rec: tuple[str, int, int], bot: str | None
+    ) -> None:
+        chat.ids[msg_id] = (rec, set() if bot is None else {bot})
         while len(chat.ids) > self._dedupe:
             chat.ids.popitem(last=False)
 
@@ -159,10 +164,15 @@ class MemoryStore:
 
     # -- the counting half, shared by admit and record_sent ---------------
 
-    def _count(self, chat: _Chat, obs: Observed, limits: Limits, now: int) -> tuple[str, int, int]:
+    def _count(
+        self, chat: _Chat, obs: Observed, limits: Limits, now: int, bot: str | None
+    ) -> tuple[str, int, int]:
+        """Count once per id; `bot` (if any) is marked as having handled it."""
         seen = chat.ids.get(obs.message_id)
         if seen is not None:
-            return seen
+            if bot is not None:
+                seen[1].add(bot)
+            return seen[0]
         if obs.count is Count.BOT:
             chat.exists = True
             chat.soft += 1
@@ -175,7 +185,7 @@ class MemoryStore:
             chat.soft = chat.hard = 0
             chat.epoch += 1
         rec = (_KIND[obs.count], chat.soft, chat.hard)
-        self._remember(chat, obs.message_id, rec)
+        self._remember(chat, obs.message_id, rec, bot)
         if obs.count is not Count.NONE and self._context_size > 0:
             chat.context.append(
                 ContextEntry(
@@ -212,7 +222,6 @@ class MemoryStore:
         obs = req.msg
         chat = self._chat(obs.chat, now)
         limits = chat.overrides.apply(req.limits)
-        handled = f"{obs.message_id}\x1f{req.bot}"
 
         def result(
             action: Action | None,
@@ -230,10 +239,11 @@ class MemoryStore:
                 turn, soft, hard, action, reason, warn, limits, reserved, now, context or []
             )
 
-        if handled in chat.ids:  # counted nothing now: the chat's counters as they are
+        seen = chat.ids.get(obs.message_id)
+        if seen is not None and req.bot in seen[1]:
+            # counted nothing now: the chat's counters as they are
             return result(Action.DROP, Reason.DUPLICATE, Turn.NONE, chat.soft, chat.hard)
-        self._remember(chat, handled, ("h", 0, 0))
-        rec = self._count(chat, obs, limits, now)
+        rec = self._count(chat, obs, limits, now, req.bot)
         _, soft, hard = rec
         turn = self._turn(rec, limits)
         self._touch_settings(chat, now)
@@ -279,7 +289,7 @@ class MemoryStore:
         now = self._now(req.now_ms)
         chat = self._chat(req.msg.chat, now)
         limits = chat.overrides.apply(req.limits)
-        rec = self._count(chat, req.msg, limits, now)
+        rec = self._count(chat, req.msg, limits, now, None)
         if req.log is not None:
             chat.log.appendleft(req.log)
         return SentResult(self._turn(rec, limits), rec[1], rec[2])

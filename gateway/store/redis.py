@@ -14,6 +14,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
+from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from gateway.model import Action, Reason, Turn
@@ -30,6 +31,7 @@ from gateway.store.base import (
     SentResult,
     StoreError,
 )
+from gateway.store.batching import AutoPipeline
 from gateway.store.memory import DEDUPE_ENTRIES
 from gateway.turns import Count, verdict
 
@@ -105,30 +107,49 @@ class RedisStore:
         self._settings_ttl = int(settings_ttl_seconds * 1000)
         self._context_size = context_size
         self._dedupe = dedupe_entries
+        self._packed: dict[Limits, str] = {}
         common = _lua("common.lua")
         self._admit = client.register_script(common + _lua("admit.lua"))
         self._sent = client.register_script(common + _lua("sent.lua"))
         self._release = client.register_script(_lua("release.lua"))
+        # A cluster routes each call by its keys itself; one Redis shares trips.
+        self._batch = None if isinstance(client, RedisCluster) else AutoPipeline(client)
         self._reset = client.register_script(_lua("reset.lua"))
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> RedisStore:
         return cls(connect(url), **kwargs)
 
+    async def _run(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
+        if self._batch is None:
+            return await script(keys=keys, args=args)
+        return await self._batch.script(script, keys, args)
+
     def keys(self, chat: str) -> ChatKeys:
         return ChatKeys(self.prefix, chat)
 
+    def _policy(self, lim: Limits) -> str:
+        """The constant part of a script call as one argument, built once per Limits."""
+        packed = self._packed.get(lim)
+        if packed is None:
+            packed = " ".join(str(v) for v in (
+                lim.soft_limit, lim.hard_limit, lim.max_replies, lim.rate_window_ms,
+                1 if lim.rate_applies else 0,
+                lim.pair_max_events, lim.pair_window_ms, lim.pair_cooldown_ms,
+                self._state_ttl, self._settings_ttl, self._context_size, self._dedupe,
+                DECISION_LOG_SIZE,
+            ))  # fmt: skip
+            if len(self._packed) > 1024:  # limits come from config: a handful at most
+                self._packed.clear()
+            self._packed[lim] = packed
+        return packed
+
     def _args(self, req: AdmitRequest | SentRequest, kind: Count, bot: str) -> list[Any]:
-        lim, obs = req.limits, req.msg
+        obs = req.msg
         return [
             "" if req.now_ms is None else req.now_ms,
             obs.message_id, obs.author, obs.name or obs.author, _KIND[kind],
-            obs.text[:CONTEXT_TEXT_CHARS], bot,
-            lim.soft_limit, lim.hard_limit, lim.max_replies, lim.rate_window_ms,
-            1 if lim.rate_applies else 0,
-            lim.pair_max_events, lim.pair_window_ms, lim.pair_cooldown_ms,
-            self._state_ttl, self._settings_ttl, self._context_size, self._dedupe,
-            DECISION_LOG_SIZE,
+            obs.text[:CONTEXT_TEXT_CHARS], bot, self._policy(req.limits),
         ]  # fmt: skip
 
     async def admit(self, req: AdmitRequest) -> AdmitResult:
@@ -137,7 +158,7 @@ class RedisStore:
         args += [req.local_reason.value if req.local_reason else "",
                  1 if req.author_is_bot else 0, req.context]  # fmt: skip
         try:
-            out = await self._admit(keys=keys.common(req.bot), args=args)
+            out = await self._run(self._admit, keys.common(req.bot), args)
         except RedisError as exc:
             raise StoreError(f"redis admit failed: {exc}") from exc
         turn, soft, hard, action, reason, warn = out[:6]
@@ -179,7 +200,7 @@ class RedisStore:
         args = self._args(req, Count.BOT, req.bot)
         args.append("" if req.log is None else json.dumps(req.log))
         try:
-            turn, soft, hard = await self._sent(keys=keys.common(req.bot), args=args)
+            turn, soft, hard = await self._run(self._sent, keys.common(req.bot), args)
         except RedisError as exc:
             raise StoreError(f"redis record_sent failed: {exc}") from exc
         return SentResult(Turn(turn), int(soft), int(hard))
@@ -191,7 +212,7 @@ class RedisStore:
         args: list[str | int] = [message_id, "" if log is None else json.dumps(log),
                                  DECISION_LOG_SIZE, self._state_ttl]  # fmt: skip
         try:
-            await self._release(keys=[keys.rate(bot), keys.log], args=args)
+            await self._run(self._release, [keys.rate(bot), keys.log], args)
         except RedisError as exc:
             raise StoreError(f"redis release failed: {exc}") from exc
 

@@ -1,9 +1,9 @@
 -- admit: one atomic decision for one inbound message (prepended: common.lua).
--- ARGV (after the common 20): 21 local reason ("" none)  22 author is a bot (1|0)
---   23 context messages to return when a reply is possible
+-- ARGV (after the common 8): 9 local reason ("" none)  10 author is a bot (1|0)
+--   11 context messages to return when a reply is possible
 -- Returns {turn, soft, hard, action, reason, warn, soft_limit, hard_limit,
 --          max_replies, rate_window_ms, reserved, now, context json...}
-local LOCAL, AUTHOR_IS_BOT, WANT_CTX = ARGV[21], ARGV[22] == '1', tonumber(ARGV[23])
+local LOCAL, AUTHOR_IS_BOT, WANT_CTX = ARGV[9], ARGV[10] == '1', tonumber(ARGV[11])
 
 local TURN_REASON = {soft_limit = 'turn_soft_limit', throttled = 'turn_throttled',
   hard_limit = 'turn_hard_limit', stopped = 'turn_stopped'}
@@ -20,14 +20,14 @@ local function finish(action, reason, turn, soft, hard, warn, reserved, ctx)
   return out
 end
 
-local handled = MSG_ID .. '\31' .. BOT
-if redis.call('HEXISTS', K_IDS, handled) == 1 then
+local seen = redis.call('HGET', K_IDS, MSG_ID)
+if seen and handled_by(seen) then
   -- counted nothing now: the chat's counters as they are
   local c = redis.call('HMGET', K_STATE, 'soft', 'hard')
   return finish('drop', 'duplicate', 'none', tonumber(c[1] or '0'), tonumber(c[2] or '0'), '', 0)
 end
-remember(handled, 'h 0 0')
-local kind, soft, hard = count()
+if seen then redis.call('HSET', K_IDS, MSG_ID, seen .. MARK) end
+local kind, soft, hard = count(seen, MARK)
 local turn = turn_of(kind, soft, hard)
 
 if LOCAL == 'own_message' or LOCAL == 'system_message' then

@@ -2,9 +2,10 @@
 -- KEYS: 1 state  2 settings  3 ids  4 id order  5 pairs  6 context  7 log  8 rate(bot)
 -- ARGV: 1 now_ms ("" = server TIME)  2 message id  3 author  4 author name
 --       5 count kind (b|r|n)  6 text  7 this bot
---       8 soft_limit  9 hard_limit  10 max_replies  11 rate_window_ms  12 rate_applies (1|0)
---       13 pair_max_events  14 pair_window_ms  15 pair_cooldown_ms
---       16 state_ttl_ms  17 settings_ttl_ms  18 context_size  19 dedupe_entries  20 log_size
+--       8 the policy, space-separated integers (constant per bot and chat kind, so
+--         the client sends one argument instead of thirteen): soft_limit hard_limit
+--         max_replies rate_window_ms rate_applies(1|0) pair_max_events pair_window_ms
+--         pair_cooldown_ms state_ttl_ms settings_ttl_ms context_size dedupe_entries log_size
 -- Times are integer milliseconds, as in the memory store.
 local K_STATE, K_CFG, K_IDS, K_IDQ, K_PAIRS, K_CTX, K_LOG, K_RATE =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -17,22 +18,24 @@ else
   now = tonumber(ARGV[1])
 end
 local MSG_ID, AUTHOR, NAME, KIND, TEXT, BOT = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
-local STATE_TTL, SETTINGS_TTL = tonumber(ARGV[16]), tonumber(ARGV[17])
-local CTX_SIZE, DEDUPE, LOG_SIZE = tonumber(ARGV[18]), tonumber(ARGV[19]), tonumber(ARGV[20])
+local P = {}
+for v in string.gmatch(ARGV[8], '%d+') do P[#P + 1] = tonumber(v) end
+local STATE_TTL, SETTINGS_TTL = P[9], P[10]
+local CTX_SIZE, DEDUPE, LOG_SIZE = P[11], P[12], P[13]
 
 -- Per-chat overrides set by an admin replace the bot's configured limits.
 local cfg = redis.call('HMGET', K_CFG, 'paused', 'soft_limit', 'hard_limit', 'max_replies',
   'rate_window_ms')
 local PAUSED = cfg[1] == '1'
 local L = {
-  soft = tonumber(cfg[2] or ARGV[8]),
-  hard = tonumber(cfg[3] or ARGV[9]),
-  max_replies = tonumber(cfg[4] or ARGV[10]),
-  rate_window = tonumber(cfg[5] or ARGV[11]),
-  rate_applies = ARGV[12] == '1',
-  pair_max = tonumber(ARGV[13]),
-  pair_window = tonumber(ARGV[14]),
-  pair_cooldown = tonumber(ARGV[15]),
+  soft = tonumber(cfg[2]) or P[1],
+  hard = tonumber(cfg[3]) or P[2],
+  max_replies = tonumber(cfg[4]) or P[3],
+  rate_window = tonumber(cfg[5]) or P[4],
+  rate_applies = P[5] == 1,
+  pair_max = P[6],
+  pair_window = P[7],
+  pair_cooldown = P[8],
 }
 if cfg[1] or cfg[2] or cfg[3] or cfg[4] or cfg[5] then
   redis.call('PEXPIRE', K_CFG, SETTINGS_TTL)
@@ -57,10 +60,12 @@ local function turn_of(kind, soft, hard)
   return 'none'
 end
 
--- Dedupe memory: a hash of seen ids plus a FIFO list that evicts the oldest.
-local function remember(field, value)
-  redis.call('HSET', K_IDS, field, value)
-  if redis.call('RPUSH', K_IDQ, field) > DEDUPE then
+-- Dedupe memory: a hash id -> record, plus a FIFO list of ids that evicts the
+-- oldest. A record is "<kind> <soft> <hard>|" followed by "<bot>|" for every bot
+-- that has handled the message, so one HGET answers "counted?" and "handled?".
+local function new_record(record)
+  redis.call('HSET', K_IDS, MSG_ID, record)
+  if redis.call('RPUSH', K_IDQ, MSG_ID) > DEDUPE then
     redis.call('HDEL', K_IDS, redis.call('LPOP', K_IDQ))
   end
   redis.call('PEXPIRE', K_IDS, STATE_TTL)
@@ -68,8 +73,16 @@ local function remember(field, value)
 end
 
 local function split_record(rec)
-  local kind, soft, hard = string.match(rec, '^(%a) (%d+) (%d+)$')
+  local kind, soft, hard = string.match(rec, '^(%a) (%d+) (%d+)|')
   return kind, tonumber(soft), tonumber(hard)
+end
+
+-- A bot's handled mark, with '|' and '%' escaped so no id can fake another's.
+local MARK = string.gsub(BOT, '[|%%]', function(c) return string.format('%%%02X', c:byte()) end)
+  .. '|'
+
+local function handled_by(rec)
+  return string.find(rec, '|' .. MARK, 1, true) ~= nil
 end
 
 -- One exchange of a bot pair: slide its window; past max_events, cool down.
@@ -91,17 +104,18 @@ local function exchange(pair)
   redis.call('PEXPIRE', K_PAIRS, math.max(L.pair_window, L.pair_cooldown) + 1000)
 end
 
--- Count a message once per id: bot turn, reset, or nothing. Returns its record.
-local function count()
-  local seen = redis.call('HGET', K_IDS, MSG_ID)
+-- Count a message once per id: bot turn, reset, or nothing. `seen` is its
+-- dedupe record if it has one; `mark` is appended to a new record ("" or "bot|").
+-- Returns kind, soft, hard.
+local function count(seen, mark)
   if seen then return split_record(seen) end
   local soft, hard = 0, 0
   if KIND == 'b' then
-    soft = redis.call('HINCRBY', K_STATE, 'soft', 1)
-    hard = redis.call('HINCRBY', K_STATE, 'hard', 1)
-    local epoch = redis.call('HGET', K_STATE, 'epoch') or '0'
-    local last = redis.call('HGET', K_STATE, 'last')
-    redis.call('HSET', K_STATE, 'sp:' .. AUTHOR, epoch, 'last', AUTHOR)
+    local st = redis.call('HMGET', K_STATE, 'soft', 'hard', 'epoch', 'last')
+    soft, hard = (tonumber(st[1]) or 0) + 1, (tonumber(st[2]) or 0) + 1
+    local last = st[4]
+    redis.call('HSET', K_STATE, 'soft', soft, 'hard', hard, 'sp:' .. AUTHOR, st[3] or '0',
+      'last', AUTHOR)
     if last and last ~= AUTHOR then exchange(pair_name(AUTHOR, last)) end
     redis.call('PEXPIRE', K_STATE, STATE_TTL)
   elseif KIND == 'r' then
@@ -114,7 +128,7 @@ local function count()
     local c = redis.call('HMGET', K_STATE, 'soft', 'hard')
     soft, hard = tonumber(c[1] or '0'), tonumber(c[2] or '0')
   end
-  remember(MSG_ID, KIND .. ' ' .. soft .. ' ' .. hard)
+  new_record(KIND .. ' ' .. soft .. ' ' .. hard .. '|' .. mark)
   if KIND ~= 'n' and CTX_SIZE > 0 then
     redis.call('LPUSH', K_CTX, cjson.encode({id = MSG_ID, author = AUTHOR, name = NAME,
       bot = KIND == 'b', text = TEXT}))
@@ -125,7 +139,6 @@ local function count()
 end
 
 local function push_log(entry_json)
-  redis.call('LPUSH', K_LOG, entry_json)
-  redis.call('LTRIM', K_LOG, 0, LOG_SIZE - 1)
+  if redis.call('LPUSH', K_LOG, entry_json) > LOG_SIZE then redis.call('RPOP', K_LOG) end
   redis.call('PEXPIRE', K_LOG, STATE_TTL)
 end
