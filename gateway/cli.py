@@ -8,6 +8,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TextIO
 
 from gateway.config import Config, ConfigError, load_config
 
@@ -48,7 +49,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from gateway.pipeline import Gateway
+    from gateway.daemon import build_gateway, context_size
+    from gateway.outbound import Outbound
     from gateway.replay import ReplayError, replay, replay_clock
     from gateway.store import MemoryStore
 
@@ -68,14 +70,24 @@ def _replay(args: argparse.Namespace) -> int:
     store = MemoryStore(
         state_ttl_seconds=config.store.state_ttl_seconds,
         settings_ttl_seconds=config.store.settings_ttl_seconds,
+        context_size=context_size(config),
     )
-    gateway = Gateway(bot, store, dry_run=True, clock=clock)
+    outbound = Outbound()
+    # The classifier runs when the config enables it; a backend never does.
+    gateway = build_gateway(bot, store, outbound, dry_run=True, clock=clock)
+
+    async def run(source: TextIO) -> None:
+        try:
+            await replay(source, gateway, clock, sys.stdout)
+        finally:
+            await outbound.close()
+
     try:
         if args.transcript == "-":
-            asyncio.run(replay(sys.stdin, gateway, clock, sys.stdout))
+            asyncio.run(run(sys.stdin))
         else:
             with open(args.transcript, encoding="utf-8") as source:
-                asyncio.run(replay(source, gateway, clock, sys.stdout))
+                asyncio.run(run(source))
     except ReplayError as exc:
         return _fail(f"{args.transcript}: {exc}")
     except UnicodeDecodeError as exc:

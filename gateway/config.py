@@ -41,17 +41,21 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 __all__ = [
     "AdminsConfig",
     "BotConfig",
+    "BreakerConfig",
     "Config",
     "ConfigError",
     "EchoBackend",
     "HttpConfig",
+    "OpenAIBackend",
     "PairsPolicy",
     "Policy",
+    "PythonBackend",
     "RateCapPolicy",
     "ReplyDecisionPolicy",
     "StoreConfig",
     "TurnsPolicy",
     "UnknownBotError",
+    "WebhookBackend",
     "load_config",
     "parse_config",
 ]
@@ -63,7 +67,9 @@ DEFAULT_WARN_SOFT = (
 DEFAULT_WARN_HARD = "🛑 Hard bot turn limit reached ({n}). A human must reply to continue."
 
 STORE_SCHEMES = ("memory", "redis", "rediss", "redis+cluster")
-TEMPLATE_FIELDS = frozenset({"n", "limit"})
+TEMPLATE_FIELDS = ("n", "limit")
+# What a reply_decision.prompt may use (gateway/classifier.py fills them in).
+PROMPT_FIELDS = ("identity", "context", "author", "author_kind", "message")
 
 # A custom pydantic error type: "this message belongs at <loc> + ctx['at']".
 # Validators that look at several fields use it to blame the one key to change.
@@ -151,21 +157,24 @@ def _check_http_url(value: str | None) -> str | None:
     return value
 
 
-def _check_template(template: str) -> str:
-    """A warning text may use only {n} and {limit}: anything else would fail at
-    the worst moment, when a loop is being stopped."""
+def _check_template(template: str, fields: tuple[str, ...] = TEMPLATE_FIELDS) -> str:
+    """A template may use only its known placeholders: anything else would fail
+    at the worst moment (a warning while a loop is being stopped, a classifier
+    call that then fails open on every message)."""
+    names = [f"{{{f}}}" for f in fields]
+    allowed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
     try:
-        fields = list(string.Formatter().parse(template))
+        parsed = list(string.Formatter().parse(template))
     except ValueError as exc:
         raise ValueError(f"malformed template: {exc}") from None
-    for _, name, spec, _ in fields:
-        if name is not None and name not in TEMPLATE_FIELDS:
+    for _, name, spec, _ in parsed:
+        if name is not None and name not in fields:
             shown = f"{{{name}}}" if name else "{}"
-            raise ValueError(f"unknown placeholder {shown}; only {{n}} and {{limit}} may be used")
+            raise ValueError(f"unknown placeholder {shown}; only {allowed} may be used")
         if spec and "{" in spec:
             raise ValueError(f"malformed template: nested placeholder in {{{name}:{spec}}}")
     try:
-        template.format(n=1, limit=1)
+        template.format(**{f: 1 for f in fields})
     except (ValueError, IndexError, KeyError, AttributeError) as exc:
         raise ValueError(f"malformed template: {exc}") from None
     return template
@@ -233,6 +242,11 @@ class ReplyDecisionPolicy(_Model):
     identity: OptionalStr = None  # None: the bot's name, filled in by the classifier
     prompt: OptionalStr = None  # None: the classifier's built-in prompt
 
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, value: str | None) -> str | None:
+        return None if value is None else _check_template(value, PROMPT_FIELDS)
+
     @field_validator("endpoint", "model")
     @classmethod
     def _required_when_enabled(cls, value: str | None, info: ValidationInfo) -> str | None:
@@ -279,15 +293,90 @@ POLICY_KEYS = frozenset(Policy.model_fields)
 # --------------------------------------------------------------------------
 
 
+class BreakerConfig(_Model):
+    """After `failures` consecutive failures, stop calling the backend for
+    `cooldown_seconds` (each message is `backend_error` at once), then let one
+    trial call through: success closes the breaker, failure reopens it."""
+
+    failures: Int = Field(default=5, ge=1)
+    cooldown_seconds: Float = Field(default=30.0, gt=0)
+
+
 class EchoBackend(_Model):
     """Replies with the message's own text: for demos and tests."""
 
     type: Literal["echo"]
 
 
+class WebhookBackend(_Model):
+    """POSTs the message and recent context as JSON; the answer is the reply."""
+
+    type: Literal["webhook"]
+    url: str
+    headers: dict[str, SecretStr] = {}  # e.g. Authorization: "Bearer ${WEBHOOK_TOKEN}"
+    timeout_seconds: Float = Field(default=10.0, gt=0)
+    context_messages: Int = Field(default=8, ge=0, le=50)
+    breaker: BreakerConfig = BreakerConfig()
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        checked = _check_http_url(value)
+        assert checked is not None
+        return checked
+
+
+class OpenAIBackend(_Model):
+    """The bot is an LLM on an OpenAI-compatible chat-completions endpoint."""
+
+    type: Literal["openai"]
+    endpoint: str  # the completions URL, or a base URL ending in /v1
+    api_key: OptionalSecret = None
+    model: NonEmptyStr
+    system_prompt: str = "You are {name}, a bot in a group chat. Answer briefly and helpfully."
+    max_tokens: Int = Field(default=512, ge=1)
+    temperature: Float | None = Field(default=None, ge=0, le=2)
+    timeout_seconds: Float = Field(default=30.0, gt=0)
+    context_messages: Int = Field(default=8, ge=0, le=50)
+    breaker: BreakerConfig = BreakerConfig()
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, value: str) -> str:
+        checked = _check_http_url(value)
+        assert checked is not None
+        return checked
+
+    @field_validator("system_prompt")
+    @classmethod
+    def _system_prompt(cls, value: str) -> str:
+        return _check_template(value, ("name",))
+
+
+class PythonBackend(_Model):
+    """An async callable `module:function` taking the message (and the context)."""
+
+    type: Literal["python"]
+    callable: str
+    timeout_seconds: Float = Field(default=10.0, gt=0)
+    context_messages: Int = Field(default=8, ge=0, le=50)
+    breaker: BreakerConfig = BreakerConfig()
+
+    @field_validator("callable")
+    @classmethod
+    def _callable(cls, value: str) -> str:
+        module, _, name = value.partition(":")
+        if not (module and name and all(p.isidentifier() for p in module.split("."))
+                and all(p.isidentifier() for p in name.split("."))):  # fmt: skip
+            raise ValueError("must be 'package.module:function'")
+        return value
+
+
 # A discriminated union on `type`: each new backend is one more member here.
-BackendConfig: TypeAlias = Annotated[EchoBackend, Field(discriminator="type")]
-BACKEND_TYPES: tuple[str, ...] = ("echo",)
+BackendConfig: TypeAlias = Annotated[
+    EchoBackend | WebhookBackend | OpenAIBackend | PythonBackend, Field(discriminator="type")
+]
+BACKEND_TYPES: tuple[str, ...] = ("echo", "webhook", "openai", "python")
 # Field names holding a discriminated union, with their tags: pydantic puts the
 # tag into an error's location (`backend.echo.url`), the user never wrote it.
 _TAGGED_FIELDS: dict[str, tuple[str, ...]] = {"backend": BACKEND_TYPES}

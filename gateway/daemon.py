@@ -19,9 +19,12 @@ from typing import Protocol
 
 from aiohttp import web
 
-from gateway.backends import Backend, EchoBackend
+from gateway.backends import context_wanted, make_backend
+from gateway.backends.python import PythonBackendError
+from gateway.classifier import Classifier
 from gateway.config import BotConfig, Config
 from gateway.http import HttpServer
+from gateway.outbound import Outbound
 from gateway.pipeline import Gateway
 from gateway.store import Store, open_store
 
@@ -59,15 +62,30 @@ def find_adapter(platform: str) -> AdapterFactory:
     return factory
 
 
-def make_backend(bot: BotConfig) -> Backend:
-    if bot.backend.type == "echo":
-        return EchoBackend()
-    raise StartupError(f"bot {bot.name}: backend {bot.backend.type!r} is not available")
+def build_gateway(
+    bot: BotConfig,
+    store: Store,
+    outbound: Outbound,
+    *,
+    dry_run: bool = False,
+    clock: Callable[[], float] | None = None,
+) -> Gateway:
+    """A bot's gateway with its classifier and (unless dry_run) its guarded backend."""
+    backend = None
+    if not dry_run:
+        try:
+            backend = make_backend(bot.backend, bot.name, outbound)
+        except PythonBackendError as exc:
+            raise StartupError(f"bot {bot.name}: backend: {exc}") from None
+    rd = bot.reply_decision
+    classifier = Classifier(rd, bot.name, outbound) if rd.enabled else None
+    return Gateway(bot, store, backend, classifier=classifier, dry_run=dry_run, clock=clock)
 
 
 def context_size(config: Config) -> int:
     """How much recent context the store keeps: as much as any bot asks for."""
-    sizes = [b.reply_decision.context_messages for b in config.bots if b.reply_decision.enabled]
+    sizes = [context_wanted(b.backend) for b in config.bots]
+    sizes += [b.reply_decision.context_messages for b in config.bots if b.reply_decision.enabled]
     return max(sizes, default=0)
 
 
@@ -81,10 +99,11 @@ class Daemon:
             context_size=context_size(config),
         )
         self.server = HttpServer(self.store)
+        self.outbound = Outbound()
         self.gateways: dict[str, Gateway] = {}
         self.adapters: list[Adapter] = []
         for bot in config.bots:
-            gateway = Gateway(bot, self.store, make_backend(bot))
+            gateway = build_gateway(bot, self.store, self.outbound)
             self.gateways[bot.name] = gateway
             self.adapters.append(find_adapter(bot.platform)(bot, gateway, self.server))
         self._runner: web.AppRunner | None = None
@@ -112,6 +131,7 @@ class Daemon:
             await adapter.stop()
         if self._runner is not None:
             await self._runner.cleanup()
+        await self.outbound.close()
         await self.store.close()
 
 

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from gateway.backends import Backend
+from gateway.backends import Backend, context_wanted
+from gateway.classifier import Classifier
 from gateway.config import BotConfig
 from gateway.model import Action, ChatKind, Decision, Message, Reason
 from gateway.store import AdmitRequest, Limits, Observed, SentRequest, SentResult, Store
@@ -54,6 +55,7 @@ class Gateway:
         store: Store,
         backend: Backend | None = None,
         *,
+        classifier: Classifier | None = None,
         bot_id: str | None = None,
         dry_run: bool = False,
         clock: Callable[[], float] | None = None,
@@ -61,12 +63,17 @@ class Gateway:
         self.bot = bot
         self.store = store
         self.backend = backend
+        self.classifier = classifier
         self.bot_id = bot_id or bot.name
         self.dry_run = dry_run
         self.clock = clock
         self._trusted = frozenset(bot.trusted_bots)
-        rd = bot.reply_decision
-        self._context = rd.context_messages if rd.enabled else 0
+        # Recent context the store returns with an admitted message: what the
+        # classifier and the backend will look at.
+        wanted = [context_wanted(bot.backend)]
+        if classifier is not None:
+            wanted.append(bot.reply_decision.context_messages)
+        self._context = max(wanted)
         self._limits = {kind: limits_for(bot, kind) for kind in ChatKind}
 
     def _now_ms(self) -> int | None:
@@ -112,7 +119,15 @@ class Gateway:
             else:
                 text = format_warning(turns.warn_hard, res.hard, res.limits.hard_limit)
             return self._logged(replace(base, warning=text), started)
-        if res.action is not None or self.dry_run or self.backend is None:
+        if res.action is not None:
+            return self._logged(base, started)
+        # Only now, with every deterministic rule passed and the slot held, the
+        # expensive steps: at most one classifier call, then the backend.
+        if self.classifier is not None and self.classifier.applies(msg):
+            verdict = await self.classifier.decide(msg, res.context)
+            if not verdict.reply:
+                return await self._silent(base, Reason.CLASSIFIER_SKIP, started)
+        if self.dry_run or self.backend is None:
             return self._logged(base, started)
 
         try:

@@ -2,16 +2,25 @@
 
 A backend turns one admitted message (plus the chat's recent context) into the
 texts to send; an empty list means stay silent. Backends raise on failure; the
-pipeline turns that into `backend_error` and releases the rate-cap slot.
+pipeline turns that into `backend_error` and releases the rate-cap slot. Every
+configured backend is wrapped in `Guarded`: a timeout and a circuit breaker.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Protocol
 
+from gateway.backends.breaker import CircuitBreaker, CircuitOpen
+from gateway.config import BackendConfig, BreakerConfig
 from gateway.model import Message
+from gateway.outbound import Outbound
 from gateway.store import ContextEntry
+
+
+class BackendError(Exception):
+    """The backend failed; the message says how."""
 
 
 class Backend(Protocol):
@@ -27,3 +36,65 @@ class EchoBackend:
 
     async def reply(self, msg: Message, context: Sequence[ContextEntry]) -> list[str]:
         return [msg.text] if msg.text.strip() else []
+
+
+class Guarded:
+    """A backend with a deadline and a circuit breaker.
+
+    No retry: a retried call that had in fact answered could reply twice.
+    """
+
+    def __init__(self, inner: Backend, timeout: float, breaker: CircuitBreaker) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.timeout = timeout
+        self.breaker = breaker
+
+    async def reply(self, msg: Message, context: Sequence[ContextEntry]) -> list[str]:
+        try:
+            self.breaker.before_call()
+        except CircuitOpen as exc:
+            raise BackendError(str(exc)) from None
+        try:
+            async with asyncio.timeout(self.timeout):
+                out = await self.inner.reply(msg, context)
+        except asyncio.CancelledError:
+            self.breaker.abandoned()
+            raise
+        except TimeoutError:
+            self.breaker.failed()
+            raise BackendError(f"no reply within {self.timeout:g} s") from None
+        except Exception:
+            self.breaker.failed()
+            raise
+        self.breaker.succeeded()
+        return out
+
+
+def _breaker(cfg: BreakerConfig) -> CircuitBreaker:
+    return CircuitBreaker(cfg.failures, cfg.cooldown_seconds)
+
+
+def make_backend(cfg: BackendConfig, bot_name: str, outbound: Outbound) -> Backend:
+    """The configured backend, guarded. Raises BackendError if it cannot be set up
+    (e.g. a python callable that does not import)."""
+    if cfg.type == "echo":
+        return EchoBackend()
+    if cfg.type == "webhook":
+        from gateway.backends.webhook import WebhookBackend
+
+        inner: Backend = WebhookBackend(cfg, bot_name, outbound)
+    elif cfg.type == "openai":
+        from gateway.backends.openai import OpenAIBackend
+
+        inner = OpenAIBackend(cfg, bot_name, outbound)
+    else:
+        from gateway.backends.python import PythonBackend
+
+        inner = PythonBackend(cfg)
+    return Guarded(inner, cfg.timeout_seconds, _breaker(cfg.breaker))
+
+
+def context_wanted(cfg: BackendConfig) -> int:
+    """How many recent messages the backend is given."""
+    return 0 if cfg.type == "echo" else cfg.context_messages

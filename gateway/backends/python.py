@@ -1,0 +1,65 @@
+"""`python`: `package.module:function`, an async callable taking the message
+(and, if it accepts a second argument, the recent context). It returns a
+string, a list of strings, or None (stay silent)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gateway import config
+from gateway.model import Message
+from gateway.store import ContextEntry
+
+
+class PythonBackendError(Exception):
+    pass
+
+
+def load_callable(spec: str) -> Callable[..., Any]:
+    module_name, _, attr = spec.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module: any import error is theirs to see
+        raise PythonBackendError(f"cannot import {module_name!r}: {exc}") from None
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise PythonBackendError(f"{module_name!r} has no {attr!r}") from None
+    if not callable(obj):
+        raise PythonBackendError(f"{spec} is not callable")
+    return obj  # type: ignore[no-any-return]
+
+
+def _takes_context(fn: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
+
+
+class PythonBackend:
+    name = "python"
+
+    def __init__(self, cfg: config.PythonBackend) -> None:
+        self.fn = load_callable(cfg.callable)
+        self.spec = cfg.callable
+        self.with_context = _takes_context(self.fn)
+
+    async def reply(self, msg: Message, context: Sequence[ContextEntry]) -> list[str]:
+        out = self.fn(msg, list(context)) if self.with_context else self.fn(msg)
+        if inspect.isawaitable(out):
+            out = await out
+        if out is None:
+            return []
+        if isinstance(out, str):
+            return [out] if out.strip() else []
+        if isinstance(out, list | tuple) and all(isinstance(r, str) for r in out):
+            return [r for r in out if r.strip()]
+        raise PythonBackendError(f"{self.spec} returned {type(out).__name__}, "
+                                 "not a string, a list of strings or None")  # fmt: skip

@@ -1,0 +1,87 @@
+"""`webhook`: POST the message and recent context as JSON; the answer is the reply.
+
+Request:  {"bot": ..., "message": {...}, "context": [{...}, ...]}
+Response: 200 {"reply": "text"} or {"replies": ["a", "b"]}; 204, an empty body,
+or an empty/null reply = stay silent. Anything else is a backend error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+
+from gateway import config
+from gateway.model import Message
+from gateway.outbound import Outbound
+from gateway.store import ContextEntry
+
+
+def message_json(msg: Message) -> dict[str, Any]:
+    return {
+        "id": msg.id,
+        "chat": msg.chat.id,
+        "platform": msg.chat.platform,
+        "topic": msg.chat.topic,
+        "kind": msg.chat.kind.value,
+        "author": {"id": msg.author.id, "name": msg.author.display, "bot": msg.author.is_bot},
+        "text": msg.text,
+        "mentions": list(msg.mentions),
+        "reply_to": msg.reply_to,
+    }
+
+
+def parse_replies(data: Any) -> list[str]:
+    """The texts in a webhook answer; ValueError says what is wrong with it."""
+    if data is None:
+        return []
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    if "replies" in data:
+        replies = data["replies"]
+        if not isinstance(replies, list) or not all(isinstance(r, str) for r in replies):
+            raise ValueError('"replies" must be a list of strings')
+        return [r for r in replies if r.strip()]
+    reply = data.get("reply")
+    if reply is None:
+        return []
+    if not isinstance(reply, str):
+        raise ValueError('"reply" must be a string')
+    return [reply] if reply.strip() else []
+
+
+class WebhookBackend:
+    name = "webhook"
+
+    def __init__(self, cfg: config.WebhookBackend, bot: str, outbound: Outbound) -> None:
+        self.cfg = cfg
+        self.bot = bot
+        self.outbound = outbound
+        self.headers = {k: v.get_secret_value() for k, v in cfg.headers.items()}
+
+    async def reply(self, msg: Message, context: Sequence[ContextEntry]) -> list[str]:
+        body = {"bot": self.bot, "message": message_json(msg),
+                "context": [e.as_dict() for e in context]}  # fmt: skip
+        try:
+            async with self.outbound.session.post(self.cfg.url, json=body,
+                                                  headers=self.headers) as resp:  # fmt: skip
+                raw = await resp.read()
+                status = resp.status
+        except aiohttp.ClientError as exc:
+            raise WebhookError(f"webhook unreachable: {type(exc).__name__}: {exc}") from None
+        if status == 204:
+            return []
+        if not 200 <= status < 300:
+            raise WebhookError(f"webhook answered HTTP {status}: {raw[:200]!r}")
+        if not raw.strip():
+            return []
+        try:
+            return parse_replies(json.loads(raw))
+        except ValueError as exc:  # JSONDecodeError is a ValueError too
+            raise WebhookError(f"webhook answered invalid JSON: {exc}") from None
+
+
+class WebhookError(Exception):
+    pass

@@ -1,0 +1,60 @@
+"""One OpenAI-compatible chat-completions call, shared by the reply decision
+(gateway/classifier.py) and the `openai` backend. Plain aiohttp: the request is
+one small JSON POST, and it rides the daemon's one shared session (the official
+SDK would bring its own httpx client, retries we must not have - a retried
+backend call can double-reply - and a second HTTP stack to configure)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+
+
+class LLMError(Exception):
+    """The call failed; the message says how (status, timeout, bad JSON...)."""
+
+
+def completions_url(endpoint: str) -> str:
+    """Accept the full completions URL or a base URL such as https://host/v1."""
+    url = endpoint.rstrip("/")
+    return url if url.endswith("/chat/completions") else url + "/chat/completions"
+
+
+async def chat_completion(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    model: str,
+    messages: list[dict[str, str]],
+    max_tokens: int,
+    timeout_seconds: float,
+    api_key: str | None = None,
+    temperature: float | None = None,
+) -> str:
+    """The first choice's text. Raises LLMError for anything else."""
+    body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens}
+    if temperature is not None:
+        body["temperature"] = temperature
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        deadline = aiohttp.ClientTimeout(total=timeout_seconds)
+        async with session.post(url, json=body, headers=headers, timeout=deadline) as resp:
+            raw = await resp.read()
+            if resp.status != 200:
+                raise LLMError(f"HTTP {resp.status}: {raw[:200].decode('utf-8', 'replace')}")
+    except TimeoutError:
+        raise LLMError(f"no answer within {timeout_seconds:g} s") from None
+    except aiohttp.ClientError as exc:
+        raise LLMError(f"{type(exc).__name__}: {exc}") from None
+    try:
+        data = json.loads(raw)
+        content = data["choices"][0]["message"]["content"]
+    except (ValueError, LookupError, TypeError) as exc:
+        raise LLMError(f"malformed response ({type(exc).__name__}): {raw[:120]!r}") from None
+    if content is None:
+        return ""
+    if not isinstance(content, str):
+        raise LLMError(f"malformed response: content is {type(content).__name__}")
+    return content

@@ -1,0 +1,199 @@
+"""The reply decision through the real pipeline, against a fake LLM (DESIGN §3.5)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from gateway.backends import EchoBackend
+from gateway.classifier import Classifier
+from gateway.cli import main
+from gateway.config import BotConfig, parse_config
+from gateway.model import Action, Author, ChatKind, ChatRef, Message, Reason
+from gateway.outbound import Outbound
+from gateway.pipeline import Gateway
+from gateway.store import Store
+from tests.fakes.llm import FakeLLM, answer, close, hang, malformed, no_choices, slow, status
+from tests.redis_server import free_port
+
+ROOM = ChatRef("http", "room")
+
+
+def bot_config(endpoint: str, **extra: str) -> BotConfig:
+    rd = {"enabled": "true", "endpoint": f"'{endpoint}'", "model": "gate-mini",
+          "api_key": "sk-test", "timeout_seconds": "0.5"}  # fmt: skip
+    rd.update({k[3:]: v for k, v in extra.items() if k.startswith("rd_")})
+    policy = "".join(f"    {k}: {v}\n" for k, v in extra.items() if not k.startswith("rd_"))
+    text = (
+        "bots:\n  - name: helper\n    platform: http\n    backend: {type: echo}\n"
+        "    reply_decision: {" + ", ".join(f"{k}: {v}" for k, v in rd.items()) + "}\n" + policy
+    )
+    return parse_config(text).bots[0]
+
+
+@pytest.fixture
+async def llm() -> AsyncIterator[FakeLLM]:
+    async with FakeLLM() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def outbound() -> AsyncIterator[Outbound]:
+    out = Outbound()
+    yield out
+    await out.close()
+
+
+def gateway(cfg: BotConfig, store: Store, outbound: Outbound) -> Gateway:
+    classifier = Classifier(cfg.reply_decision, cfg.name, outbound)
+    return Gateway(cfg, store, EchoBackend(), classifier=classifier)
+
+
+def ask(i: int, text: str = "what time is it?", chat: ChatRef = ROOM) -> Message:
+    return Message(f"h{i}", chat, Author("alice", "Alice"), text, mentions=("helper",))
+
+
+async def test_skip_drops_and_releases_the_slot(llm: FakeLLM, store: Store,
+                                                outbound: Outbound) -> None:  # fmt: skip
+    gw = gateway(bot_config(llm.url, rate_cap="{max_replies: 1}"), store, outbound)
+    llm.then(answer("SKIP"))
+    d = await gw.handle(ask(1))
+    assert (d.action, d.reason) == (Action.DROP, Reason.CLASSIFIER_SKIP)
+    d = await gw.handle(ask(2))  # the slot SKIP gave back
+    assert (d.action, d.replies) == (Action.REPLY, ("what time is it?",))
+    d = await gw.handle(ask(3))  # REPLY kept its slot: now capped, and not classified
+    assert d.reason is Reason.RATE_CAPPED
+    assert llm.count == 2
+    assert [e["reason"] for e in await store.decisions(ROOM.key)][-1] == "classifier_skip"
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "cause"),
+    [
+        (answer("banana"), "unclear answer 'banana'"),
+        (answer(""), "unclear answer ''"),
+        (hang(), "no answer within 0.5 s"),
+        (status(500), "HTTP 500"),
+        (malformed(), "malformed response"),
+        (no_choices(), "malformed response"),
+        (close(), "ServerDisconnectedError"),
+    ],
+    ids=["junk", "empty", "timeout", "http500", "malformed", "no-choices", "disconnect"],
+)
+async def test_every_failure_fails_open_and_is_logged_with_its_cause(
+    llm: FakeLLM, store: Store, outbound: Outbound, caplog: pytest.LogCaptureFixture,
+    behaviour: object, cause: str,
+) -> None:  # fmt: skip
+    gw = gateway(bot_config(llm.url), store, outbound)
+    llm.then(behaviour)  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="botbouncer.classifier"):
+        d = await gw.handle(ask(1))
+    assert d.action is Action.REPLY
+    assert (cause in caplog.text and "failing open" in caplog.text) or "failed open" in caplog.text
+    assert cause in caplog.text
+
+
+async def test_a_refused_connection_fails_open(
+    store: Store, outbound: Outbound, caplog: pytest.LogCaptureFixture
+) -> None:
+    gw = gateway(bot_config(f"http://127.0.0.1:{free_port()}/v1"), store, outbound)
+    with caplog.at_level(logging.WARNING, logger="botbouncer.classifier"):
+        d = await gw.handle(ask(1))
+    assert d.action is Action.REPLY
+    assert "ClientConnectorError" in caplog.text
+
+
+async def test_dms_empty_and_system_messages_are_not_classified(
+    llm: FakeLLM, store: Store, outbound: Outbound
+) -> None:
+    llm.default = answer("SKIP")
+    gw = gateway(bot_config(llm.url), store, outbound)
+    dm = ChatRef("http", "dm", kind=ChatKind.DM)
+    assert (await gw.handle(ask(1, chat=dm))).action is Action.REPLY
+    assert (await gw.handle(ask(2, text="   "))).reason is Reason.BACKEND_EMPTY  # echo of nothing
+    pin = Message("p", ROOM, Author("alice"), "pinned", mentions=("helper",), system=True)
+    assert (await gw.handle(pin)).reason is Reason.SYSTEM_MESSAGE
+    assert llm.count == 0
+    # scope all: DMs are classified too
+    gw_all = gateway(bot_config(llm.url, rd_scope="all"), store, outbound)
+    assert (await gw_all.handle(ask(3, chat=dm))).reason is Reason.CLASSIFIER_SKIP
+    assert llm.count == 1
+
+
+async def test_one_call_per_surviving_message_and_none_otherwise(
+    llm: FakeLLM, store: Store, outbound: Outbound
+) -> None:
+    gw = gateway(bot_config(llm.url, rate_cap="{max_replies: 3}"), store, outbound)
+    survivors = 0
+    for i in range(12):
+        kind = i % 3
+        if kind == 0:  # addressed human: survives until the cap
+            msg = ask(i)
+        elif kind == 1:  # unaddressed human
+            msg = Message(f"u{i}", ROOM, Author("bob"), "chatting")
+        else:  # another bot: bot_messages off
+            msg = Message(f"b{i}", ROOM, Author("otherbot", is_bot=True), "hey", ("helper",))
+        before = llm.count
+        d = await gw.handle(msg)
+        survivors += d.action is Action.REPLY
+        assert llm.count - before == (1 if d.action is Action.REPLY else 0), (i, d.reason)
+    assert (survivors, llm.count) == (3, 3)
+
+
+async def test_fifty_concurrent_with_a_slow_classifier_give_exactly_six_replies(
+    llm: FakeLLM, stores: object, outbound: Outbound
+) -> None:
+    handles = await stores(3)  # type: ignore[operator]
+    llm.default = slow(0.2, answer("REPLY"))
+    cfg = bot_config(llm.url, rd_timeout_seconds="5")
+    gws = [gateway(cfg, h, outbound) for h in handles]
+    results = await asyncio.gather(*(gws[i % 3].handle(ask(i)) for i in range(50)))
+    assert sum(d.action is Action.REPLY for d in results) == 6
+    assert sum(d.reason is Reason.RATE_CAPPED for d in results) == 44
+    assert llm.count == 6  # capped messages never reached the classifier
+
+
+async def test_the_prompt_carries_identity_context_and_the_new_message(
+    llm: FakeLLM, store: Store, outbound: Outbound
+) -> None:
+    gw = gateway(bot_config(llm.url, rd_identity="Helpy", rd_context_messages="2"), store,
+                 outbound)  # fmt: skip
+    chatter = [("bob", False, "old news"), ("otherbot", True, "beep"), ("carol", False, "hi all")]
+    for i, (who, bot, text) in enumerate(chatter):
+        await gw.handle(Message(f"c{i}", ROOM, Author(who, who.title(), is_bot=bot), text))
+    await gw.handle(ask(9, "Helpy, what's the plan?"))
+    body = llm.calls[-1].body
+    assert body is not None and body["model"] == "gate-mini" and body["max_tokens"] == 4
+    prompt = body["messages"][-1]["content"]
+    assert 'the bot "Helpy"' in prompt
+    assert "- Otherbot (bot): beep\n- Carol (human): hi all" in prompt
+    assert "old news" not in prompt  # only context_messages=2
+    assert "New message from Alice (human):\nHelpy, what's the plan?" in prompt
+    assert llm.calls[-1].headers["authorization"] == "Bearer sk-test"
+
+
+async def test_replay_calls_the_classifier_never_a_backend(
+    llm: FakeLLM, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = tmp_path / "c.yml"
+    cfg.write_text(
+        "bots:\n  - name: helper\n    platform: http\n"
+        f"    backend: {{type: webhook, url: 'http://127.0.0.1:{free_port()}/never'}}\n"
+        f"    reply_decision: {{enabled: true, endpoint: '{llm.url}', model: m}}\n"
+    )
+    transcript = tmp_path / "t.jsonl"
+    lines = [{"chat": "c", "author": "alice", "text": "q1", "mentions": ["helper"]},
+             {"chat": "c", "author": "alice", "text": "q2", "mentions": ["helper"]}]  # fmt: skip
+    transcript.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    llm.then(answer("SKIP"), answer("REPLY"))
+    code = await asyncio.to_thread(main, ["replay", str(transcript), "-c", str(cfg)])
+    out = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert code == 0
+    assert [(o["action"], o["reason"]) for o in out] == [("drop", "classifier_skip"),
+                                                         ("reply", None)]  # fmt: skip
+    assert llm.count == 2
