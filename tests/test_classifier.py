@@ -25,8 +25,13 @@ ROOM = ChatRef("http", "room")
 
 
 def bot_config(endpoint: str, **extra: str) -> BotConfig:
-    rd = {"enabled": "true", "endpoint": f"'{endpoint}'", "model": "gate-mini",
-          "api_key": "sk-test", "timeout_seconds": "0.5"}  # fmt: skip
+    rd = {
+        "enabled": "true",
+        "endpoint": f"'{endpoint}'",
+        "model": "gate-mini",
+        "api_key": "sk-test",
+        "timeout_seconds": "0.5",
+    }
     rd.update({k[3:]: v for k, v in extra.items() if k.startswith("rd_")})
     policy = "".join(f"    {k}: {v}\n" for k, v in extra.items() if not k.startswith("rd_"))
     text = (
@@ -58,8 +63,9 @@ def ask(i: int, text: str = "what time is it?", chat: ChatRef = ROOM) -> Message
     return Message(f"h{i}", chat, Author("alice", "Alice"), text, mentions=("helper",))
 
 
-async def test_skip_drops_and_releases_the_slot(llm: FakeLLM, store: Store,
-                                                outbound: Outbound) -> None:  # fmt: skip
+async def test_skip_drops_and_releases_the_slot(
+    llm: FakeLLM, store: Store, outbound: Outbound
+) -> None:
     gw = gateway(bot_config(llm.url, rate_cap="{max_replies: 1}"), store, outbound)
     llm.then(answer("SKIP"))
     d = await gw.handle(ask(1))
@@ -86,9 +92,13 @@ async def test_skip_drops_and_releases_the_slot(llm: FakeLLM, store: Store,
     ids=["junk", "empty", "timeout", "http500", "malformed", "no-choices", "disconnect"],
 )
 async def test_every_failure_fails_open_and_is_logged_with_its_cause(
-    llm: FakeLLM, store: Store, outbound: Outbound, caplog: pytest.LogCaptureFixture,
-    behaviour: object, cause: str,
-) -> None:  # fmt: skip
+    llm: FakeLLM,
+    store: Store,
+    outbound: Outbound,
+    caplog: pytest.LogCaptureFixture,
+    behaviour: object,
+    cause: str,
+) -> None:
     gw = gateway(bot_config(llm.url), store, outbound)
     llm.then(behaviour)  # type: ignore[arg-type]
     with caplog.at_level(logging.WARNING, logger="botbouncer.classifier"):
@@ -161,8 +171,7 @@ async def test_fifty_concurrent_with_a_slow_classifier_give_exactly_six_replies(
 async def test_the_prompt_carries_identity_context_and_the_new_message(
     llm: FakeLLM, store: Store, outbound: Outbound
 ) -> None:
-    gw = gateway(bot_config(llm.url, rd_identity="Helpy", rd_context_messages="2"), store,
-                 outbound)  # fmt: skip
+    gw = gateway(bot_config(llm.url, rd_identity="Helpy", rd_context_messages="2"), store, outbound)
     chatter = [("bob", False, "old news"), ("otherbot", True, "beep"), ("carol", False, "hi all")]
     for i, (who, bot, text) in enumerate(chatter):
         await gw.handle(Message(f"c{i}", ROOM, Author(who, who.title(), is_bot=bot), text))
@@ -187,13 +196,17 @@ async def test_replay_calls_the_classifier_never_a_backend(
         f"    reply_decision: {{enabled: true, endpoint: '{llm.url}', model: m}}\n"
     )
     transcript = tmp_path / "t.jsonl"
-    lines = [{"chat": "c", "author": "alice", "text": "q1", "mentions": ["helper"]},
-             {"chat": "c", "author": "alice", "text": "q2", "mentions": ["helper"]}]  # fmt: skip
+    lines = [
+        {"chat": "c", "author": "alice", "text": "q1", "mentions": ["helper"]},
+        {"chat": "c", "author": "alice", "text": "q2", "mentions": ["helper"]},
+    ]
     transcript.write_text("".join(json.dumps(x) + "\n" for x in lines))
     llm.then(answer("SKIP"), answer("REPLY"))
     code = await asyncio.to_thread(main, ["replay", str(transcript), "-c", str(cfg)])
     out = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert code == 0
-    assert [(o["action"], o["reason"]) for o in out] == [("drop", "classifier_skip"),
-                                                         ("reply", None)]  # fmt: skip
+    assert [(o["action"], o["reason"]) for o in out] == [
+        ("drop", "classifier_skip"),
+        ("reply", None),
+    ]
     assert llm.count == 2

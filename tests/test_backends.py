@@ -1,0 +1,257 @@
+"""Backends through the real pipeline (DESIGN §3.6): answers, failures, slots, breaker."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from gateway.backends import Guarded, make_backend
+from gateway.backends.breaker import CircuitBreaker, CircuitOpen
+from gateway.cli import main
+from gateway.config import BotConfig, parse_config
+from gateway.model import Action, Author, ChatRef, Message, Reason
+from gateway.outbound import Outbound
+from gateway.pipeline import Gateway
+from gateway.store import Store
+from tests.fakes.llm import FakeLLM, answer, status
+from tests.fakes.webhook import FakeWebhook, hang, no_content, raw, reply_json
+
+ROOM = ChatRef("http", "room")
+
+
+def bot(backend: str, **policy: str) -> BotConfig:
+    extra = "".join(f"    {k}: {v}\n" for k, v in policy.items())
+    text = f"bots:\n  - name: helper\n    platform: http\n    backend: {backend}\n{extra}"
+    return parse_config(text).bots[0]
+
+
+@pytest.fixture
+async def outbound() -> AsyncIterator[Outbound]:
+    out = Outbound()
+    yield out
+    await out.close()
+
+
+@pytest.fixture
+async def hook() -> AsyncIterator[FakeWebhook]:
+    async with FakeWebhook() as fake:
+        yield fake
+
+
+def gw(cfg: BotConfig, store: Store, outbound: Outbound) -> Gateway:
+    return Gateway(cfg, store, make_backend(cfg.backend, cfg.name, outbound))
+
+
+def ask(i: int, text: str = "hello") -> Message:
+    return Message(f"h{i}", ROOM, Author("alice", "Alice"), text, mentions=("helper",))
+
+
+def webhook(url: str, timeout: float = 2, **more: str) -> str:
+    extra = "".join(f", {k}: {v}" for k, v in more.items())
+    return f"{{type: webhook, url: '{url}', timeout_seconds: {timeout}{extra}}}"
+
+
+@pytest.mark.parametrize(
+    ("answer_", "action", "reason", "replies"),
+    [
+        (reply_json({"reply": "hi there"}), Action.REPLY, None, ("hi there",)),
+        (reply_json({"replies": ["one", "two"]}), Action.REPLY, None, ("one", "two")),
+        (no_content(), Action.DROP, Reason.BACKEND_EMPTY, ()),
+        (reply_json({"reply": ""}), Action.DROP, Reason.BACKEND_EMPTY, ()),
+        (reply_json({"reply": None}), Action.DROP, Reason.BACKEND_EMPTY, ()),
+        (raw(""), Action.DROP, Reason.BACKEND_EMPTY, ()),
+        (reply_json({"error": "boom"}, 500), Action.DROP, Reason.BACKEND_ERROR, ()),
+        (raw("{not json"), Action.DROP, Reason.BACKEND_ERROR, ()),
+        (reply_json({"reply": 7}), Action.DROP, Reason.BACKEND_ERROR, ()),
+        (reply_json(["reply"]), Action.DROP, Reason.BACKEND_ERROR, ()),
+    ],
+    ids=[
+        "reply",
+        "replies",
+        "204",
+        "empty-reply",
+        "null-reply",
+        "empty-body",
+        "500",
+        "invalid-json",
+        "reply-not-string",
+        "not-object",
+    ],
+)
+async def test_webhook_answers(
+    hook: FakeWebhook,
+    store: Store,
+    outbound: Outbound,
+    answer_: object,
+    action: Action,
+    reason: Reason | None,
+    replies: tuple[str, ...],
+) -> None:
+    g = gw(bot(webhook(hook.url), rate_cap="{max_replies: 1}"), store, outbound)
+    hook.then(answer_)  # type: ignore[arg-type]
+    d = await g.handle(ask(1))
+    assert (d.action, d.reason, d.replies) == (action, reason, replies)
+    # a message that sent nothing gave its slot back; one that replied kept it
+    second = await g.handle(ask(2))
+    assert second.reason is (Reason.RATE_CAPPED if action is Action.REPLY else None)
+
+
+async def test_webhook_request_carries_the_message_and_recent_context(
+    hook: FakeWebhook, store: Store, outbound: Outbound
+) -> None:
+    g = gw(bot(webhook(hook.url, context_messages=2)), store, outbound)
+    for i, text in enumerate(["a", "b", "c"]):
+        await g.handle(Message(f"x{i}", ROOM, Author("bob", "Bob"), text))
+    await g.handle(ask(1, "question"))
+    (req,) = hook.requests
+    assert req["bot"] == "helper"
+    assert req["message"] == {
+        "id": "h1",
+        "chat": "room",
+        "platform": "http",
+        "topic": None,
+        "kind": "group",
+        "author": {"id": "alice", "name": "Alice", "bot": False},
+        "text": "question",
+        "mentions": ["helper"],
+        "reply_to": None,
+    }
+    assert [(c["name"], c["text"], c["bot"]) for c in req["context"]] == [
+        ("Bob", "b", False),
+        ("Bob", "c", False),
+    ]
+
+
+async def test_webhook_timeout_is_a_backend_error_and_releases_the_slot(
+    hook: FakeWebhook, store: Store, outbound: Outbound, caplog: pytest.LogCaptureFixture
+) -> None:
+    g = gw(bot(webhook(hook.url, timeout=0.2), rate_cap="{max_replies: 1}"), store, outbound)
+    hook.then(hang())
+    d = await g.handle(ask(1))
+    assert (d.action, d.reason) == (Action.DROP, Reason.BACKEND_ERROR)
+    assert "no reply within 0.2 s" in caplog.text
+    assert (await g.handle(ask(2))).action is Action.REPLY
+
+
+async def test_breaker_opens_after_five_failures_and_closes_after_a_good_trial(
+    hook: FakeWebhook, store: Store, outbound: Outbound, caplog: pytest.LogCaptureFixture
+) -> None:
+    g = gw(bot(webhook(hook.url), rate_cap="{max_replies: 100}"), store, outbound)
+    assert isinstance(g.backend, Guarded)
+    now = [1000.0]
+    g.backend.breaker.clock = lambda: now[0]
+    hook.default = reply_json({"error": "down"}, 500)
+    for i in range(5):
+        assert (await g.handle(ask(i))).reason is Reason.BACKEND_ERROR
+    assert len(hook.requests) == 5
+    # open: failures are immediate, the webhook is not called
+    for i in range(5, 8):
+        assert (await g.handle(ask(i))).reason is Reason.BACKEND_ERROR
+    assert len(hook.requests) == 5
+    assert "circuit open after 5 failures" in caplog.text
+    now[0] += 30  # the cooldown has passed: one trial call, which fails -> open again
+    assert (await g.handle(ask(8))).reason is Reason.BACKEND_ERROR
+    assert (await g.handle(ask(9))).reason is Reason.BACKEND_ERROR
+    assert len(hook.requests) == 6
+    now[0] += 30
+    hook.default = reply_json({"reply": "back"})
+    assert (await g.handle(ask(10))).replies == ("back",)  # good trial: closed
+    assert (await g.handle(ask(11))).replies == ("back",)
+    assert len(hook.requests) == 8
+    assert g.backend.breaker.state == "closed"
+
+
+def test_breaker_unit() -> None:
+    now = [0.0]
+    b = CircuitBreaker(failures=2, cooldown=10, clock=lambda: now[0])
+    b.before_call()
+    b.failed()
+    b.before_call()
+    b.failed()
+    with pytest.raises(CircuitOpen):
+        b.before_call()
+    now[0] = 10
+    b.before_call()  # the trial
+    with pytest.raises(CircuitOpen, match="trial call is under way"):
+        b.before_call()
+    b.abandoned()  # cancelled: the next call may try again
+    b.before_call()
+    b.succeeded()
+    assert (b.state, b.failures) == ("closed", 0)
+
+
+async def test_openai_backend(store: Store, outbound: Outbound) -> None:
+    async with FakeLLM() as llm:
+        llm.default = answer("  Noon, probably.  ")
+        cfg = bot(
+            f"{{type: openai, endpoint: '{llm.base_url}', model: chat-1, api_key: k1, "
+            "context_messages: 3}"
+        )
+        g = gw(cfg, store, outbound)
+        await g.handle(Message("o1", ROOM, Author("helper", is_bot=True), "earlier answer"))
+        await g.handle(Message("o2", ROOM, Author("bob", "Bob"), "lunch?"))
+        d = await g.handle(ask(1, "what time?"))
+        assert d.replies == ("Noon, probably.",)
+        body = llm.calls[0].body
+        assert body is not None and body["model"] == "chat-1"
+        assert [m["role"] for m in body["messages"]] == ["system", "assistant", "user", "user"]
+        assert body["messages"][0]["content"].startswith("You are helper")
+        assert body["messages"][2]["content"] == "Bob (human): lunch?"
+        assert body["messages"][3]["content"] == "Alice (human): what time?"
+        assert llm.calls[0].headers["authorization"] == "Bearer k1"
+        llm.default = status(500)
+        assert (await g.handle(ask(2))).reason is Reason.BACKEND_ERROR
+
+
+@pytest.mark.parametrize(
+    ("name", "action", "reason", "replies"),
+    [
+        ("shout", Action.REPLY, None, ("HELLO",)),
+        ("two", Action.REPLY, None, ("first", "second")),
+        ("silent", Action.DROP, Reason.BACKEND_EMPTY, ()),
+        ("sync_reply", Action.REPLY, None, ("sync ok",)),
+        ("broken", Action.DROP, Reason.BACKEND_ERROR, ()),
+        ("wrong_type", Action.DROP, Reason.BACKEND_ERROR, ()),
+    ],
+)
+async def test_python_backend(
+    store: Store,
+    outbound: Outbound,
+    name: str,
+    action: Action,
+    reason: Reason | None,
+    replies: tuple[str, ...],
+) -> None:
+    g = gw(bot(f"{{type: python, callable: 'tests.sample_backends:{name}'}}"), store, outbound)
+    d = await g.handle(ask(1))
+    assert (d.action, d.reason, d.replies) == (action, reason, replies)
+
+
+async def test_python_backend_gets_the_context_when_it_asks(
+    store: Store, outbound: Outbound
+) -> None:
+    cfg = bot("{type: python, callable: 'tests.sample_backends:with_context'}")
+    g = gw(cfg, store, outbound)
+    await g.handle(Message("c1", ROOM, Author("bob"), "before"))
+    assert (await g.handle(ask(1))).replies == ("1 before: before",)
+
+
+@pytest.mark.parametrize(
+    ("spec", "problem"),
+    [
+        ("tests.no_such_module:f", "cannot import 'tests.no_such_module'"),
+        ("tests.sample_backends:nope", "has no 'nope'"),
+        ("tests.sample_backends:NOT_CALLABLE", "is not callable"),
+    ],
+)
+def test_a_bad_python_callable_stops_the_daemon_with_a_clear_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: str, problem: str
+) -> None:
+    cfg = tmp_path / "c.yml"
+    backend = f"{{type: python, callable: '{spec}'}}"
+    cfg.write_text(f"bots:\n  - {{name: p, platform: http, backend: {backend}}}\n")
+    assert main(["run", "-c", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "bot p: backend:" in err and problem in err and "Traceback" not in err
