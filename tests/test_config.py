@@ -518,3 +518,29 @@ def test_config_error_joins_problems_with_newlines() -> None:
     assert str(err) == "a: one\nb: two"
     assert err.problems == ["a: one", "b: two"]
     assert ConfigError("c: three").problems == ["c: three"]
+
+
+def _commented_backends() -> list[str]:
+    """Each `# backend:` alternative in config.example.yml, uncommented."""
+    lines = (Path(__file__).resolve().parents[1] / "config.example.yml").read_text().splitlines()
+    blocks: list[str] = []
+    for i, line in enumerate(lines):
+        if line == "    # backend:":
+            block = ["backend:"]
+            for follow in lines[i + 1 :]:
+                if not follow.startswith("    #   "):
+                    break
+                block.append(follow[len("    # ") :])
+            blocks.append("\n".join(block))
+    return blocks
+
+
+def test_every_commented_backend_in_the_example_is_valid() -> None:
+    blocks = _commented_backends()
+    assert len(blocks) == 3
+    env = {"HELPER_WEBHOOK_TOKEN": "t", "OPENAI_API_KEY": "k"}
+    for block in blocks:
+        indented = "\n".join("    " + b for b in block.splitlines())
+        text = f"bots:\n  - name: x\n    platform: http\n{indented}\n"
+        backend = parse_config(text, env=env).bots[0].backend
+        assert backend.type in ("webhook", "openai", "python")
