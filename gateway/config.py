@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -293,6 +294,14 @@ POLICY_KEYS = frozenset(Policy.model_fields)
 # --------------------------------------------------------------------------
 
 
+def _required_http_url(value: str) -> str:
+    _check_http_url(value)
+    return value
+
+
+HttpUrl = Annotated[str, AfterValidator(_required_http_url)]
+
+
 class BreakerConfig(_Model):
     """After `failures` consecutive failures, stop calling the backend for
     `cooldown_seconds` (each message is `backend_error` at once), then let one
@@ -312,25 +321,18 @@ class WebhookBackend(_Model):
     """POSTs the message and recent context as JSON; the answer is the reply."""
 
     type: Literal["webhook"]
-    url: str
+    url: HttpUrl
     headers: dict[str, SecretStr] = {}  # e.g. Authorization: "Bearer ${WEBHOOK_TOKEN}"
     timeout_seconds: Float = Field(default=10.0, gt=0)
     context_messages: Int = Field(default=8, ge=0, le=50)
     breaker: BreakerConfig = BreakerConfig()
-
-    @field_validator("url")
-    @classmethod
-    def _url(cls, value: str) -> str:
-        checked = _check_http_url(value)
-        assert checked is not None
-        return checked
 
 
 class OpenAIBackend(_Model):
     """The bot is an LLM on an OpenAI-compatible chat-completions endpoint."""
 
     type: Literal["openai"]
-    endpoint: str  # the completions URL, or a base URL ending in /v1
+    endpoint: HttpUrl  # the completions URL, or a base URL ending in /v1
     api_key: OptionalSecret = None
     model: NonEmptyStr
     system_prompt: str = "You are {name}, a bot in a group chat. Answer briefly and helpfully."
@@ -339,13 +341,6 @@ class OpenAIBackend(_Model):
     timeout_seconds: Float = Field(default=30.0, gt=0)
     context_messages: Int = Field(default=8, ge=0, le=50)
     breaker: BreakerConfig = BreakerConfig()
-
-    @field_validator("endpoint")
-    @classmethod
-    def _endpoint(cls, value: str) -> str:
-        checked = _check_http_url(value)
-        assert checked is not None
-        return checked
 
     @field_validator("system_prompt")
     @classmethod

@@ -544,3 +544,35 @@ def test_every_commented_backend_in_the_example_is_valid() -> None:
         text = f"bots:\n  - name: x\n    platform: http\n{indented}\n"
         backend = parse_config(text, env=env).bots[0].backend
         assert backend.type in ("webhook", "openai", "python")
+
+
+@pytest.mark.parametrize(
+    ("backend", "problem"),
+    [
+        (
+            "{type: webhook, url: 'ftp://x'}",
+            "bots[0].backend.url: must be an http:// or https:// URL",
+        ),
+        ("{type: webhook}", "bots[0].backend.url: is required"),
+        (
+            "{type: openai, endpoint: nope, model: m}",
+            "bots[0].backend.endpoint: must be an http:// or https:// URL",
+        ),
+        (
+            "{type: openai, endpoint: 'http://x/v1', model: m, system_prompt: 'hi {who}'}",
+            "bots[0].backend.system_prompt: unknown placeholder {who}; only {name} may be used",
+        ),
+        (
+            "{type: python, callable: 'no colon'}",
+            "bots[0].backend.callable: must be 'package.module:function'",
+        ),
+        (
+            "{type: webhook, url: 'http://x', breaker: {failures: 0}}",
+            "bots[0].backend.breaker.failures: must be >= 1",
+        ),
+    ],
+)
+def test_backend_errors_name_the_key(backend: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(f"bots:\n  - {{name: x, platform: http, backend: {backend}}}\n")
+    assert err.value.problems == [problem]
