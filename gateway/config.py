@@ -317,18 +317,24 @@ class EchoBackend(_Model):
     type: Literal["echo"]
 
 
-class WebhookBackend(_Model):
-    """POSTs the message and recent context as JSON; the answer is the reply."""
+class _CalledBackend(_Model):
+    """What every backend that is called out to has: a deadline, the recent
+    context it is given, and a circuit breaker."""
 
-    type: Literal["webhook"]
-    url: HttpUrl
-    headers: dict[str, SecretStr] = {}  # e.g. Authorization: "Bearer ${WEBHOOK_TOKEN}"
     timeout_seconds: Float = Field(default=10.0, gt=0)
     context_messages: Int = Field(default=8, ge=0, le=50)
     breaker: BreakerConfig = BreakerConfig()
 
 
-class OpenAIBackend(_Model):
+class WebhookBackend(_CalledBackend):
+    """POSTs the message and recent context as JSON; the answer is the reply."""
+
+    type: Literal["webhook"]
+    url: HttpUrl
+    headers: dict[str, SecretStr] = {}  # e.g. Authorization: "Bearer ${WEBHOOK_TOKEN}"
+
+
+class OpenAIBackend(_CalledBackend):
     """The bot is an LLM on an OpenAI-compatible chat-completions endpoint."""
 
     type: Literal["openai"]
@@ -338,9 +344,7 @@ class OpenAIBackend(_Model):
     system_prompt: str = "You are {name}, a bot in a group chat. Answer briefly and helpfully."
     max_tokens: Int = Field(default=512, ge=1)
     temperature: Float | None = Field(default=None, ge=0, le=2)
-    timeout_seconds: Float = Field(default=30.0, gt=0)
-    context_messages: Int = Field(default=8, ge=0, le=50)
-    breaker: BreakerConfig = BreakerConfig()
+    timeout_seconds: Float = Field(default=30.0, gt=0)  # a model takes longer
 
     @field_validator("system_prompt")
     @classmethod
@@ -348,14 +352,11 @@ class OpenAIBackend(_Model):
         return _check_template(value, ("name",))
 
 
-class PythonBackend(_Model):
+class PythonBackend(_CalledBackend):
     """An async callable `module:function` taking the message (and the context)."""
 
     type: Literal["python"]
     callable: str
-    timeout_seconds: Float = Field(default=10.0, gt=0)
-    context_messages: Int = Field(default=8, ge=0, le=50)
-    breaker: BreakerConfig = BreakerConfig()
 
     @field_validator("callable")
     @classmethod

@@ -7,13 +7,15 @@ integer milliseconds inside the stores so Lua and Python agree to the unit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from gateway.model import Action, Reason, Turn
 from gateway.turns import Count
 
 DECISION_LOG_SIZE = 50
+# How a message's counting is written in a dedupe record (Lua writes the same).
+COUNT_CODES = {Count.BOT: "b", Count.RESET: "r", Count.NONE: "n"}
 CONTEXT_TEXT_CHARS = 500
 
 
@@ -45,15 +47,14 @@ class Overrides:
     rate_window_ms: int | None = None
 
     def apply(self, limits: Limits) -> Limits:
-        return Limits(
+        if not self.as_dict():  # most chats have none: no new object per admit
+            return limits
+        return replace(
+            limits,
             soft_limit=self.soft_limit or limits.soft_limit,
             hard_limit=self.hard_limit or limits.hard_limit,
             max_replies=self.max_replies or limits.max_replies,
             rate_window_ms=self.rate_window_ms or limits.rate_window_ms,
-            rate_applies=limits.rate_applies,
-            pair_max_events=limits.pair_max_events,
-            pair_window_ms=limits.pair_window_ms,
-            pair_cooldown_ms=limits.pair_cooldown_ms,
         )
 
     def as_dict(self) -> dict[str, int]:

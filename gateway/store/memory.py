@@ -11,9 +11,10 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.model import TURN_REASONS, Action, Reason, Turn
+from gateway.model import TURN_REASONS, Action, Decision, Reason, Turn
 from gateway.store.base import (
     CONTEXT_TEXT_CHARS,
+    COUNT_CODES,
     DECISION_LOG_SIZE,
     AdmitRequest,
     AdmitResult,
@@ -32,8 +33,6 @@ from gateway.turns import Count, verdict
 # oldest evicted first. Long enough for every bot behind the store to observe a
 # message and for a platform to redeliver it; small enough to stay cheap.
 DEDUPE_ENTRIES = 128
-
-_KIND = {Count.BOT: "b", Count.RESET: "r", Count.NONE: "n"}
 
 
 @dataclass
@@ -58,29 +57,6 @@ class _Chat:
     paused: bool = False
     overrides: Overrides = field(default_factory=Overrides)
     settings_expires: int = 0
-
-
-def log_entry(
-    at_ms: int,
-    bot: str,
-    msg: Observed,
-    action: Action,
-    reason: Reason | None,
-    turn: Turn,
-    soft: int,
-    hard: int,
-) -> dict[str, Any]:
-    return {
-        "at": at_ms / 1000,
-        "bot": bot,
-        "id": msg.message_id,
-        "author": msg.author,
-        "action": action.value,
-        "reason": None if reason is None else reason.value,
-        "turn": turn.value,
-        "soft": soft,
-        "hard": hard,
-    }
 
 
 class MemoryStore:
@@ -184,7 +160,7 @@ class MemoryStore:
         elif obs.count is Count.RESET and chat.exists:
             chat.soft = chat.hard = 0
             chat.epoch += 1
-        rec = (_KIND[obs.count], chat.soft, chat.hard)
+        rec = (COUNT_CODES[obs.count], chat.soft, chat.hard)
         self._remember(chat, obs.message_id, rec, bot)
         if obs.count is not Count.NONE and self._context_size > 0:
             chat.context.append(
@@ -234,7 +210,9 @@ class MemoryStore:
             context: list[ContextEntry] | None = None,
         ) -> AdmitResult:
             if action is not None:
-                chat.log.appendleft(log_entry(now, req.bot, obs, action, reason, turn, soft, hard))
+                entry = Decision(req.bot, obs.message_id, obs.chat, obs.author, action, reason,
+                                 turn, soft, hard, at=now / 1000)  # fmt: skip
+                chat.log.appendleft(entry.log_entry())
             return AdmitResult(
                 turn, soft, hard, action, reason, warn, limits, reserved, now, context or []
             )
@@ -313,9 +291,7 @@ class MemoryStore:
             chat=chat,
             soft=state.soft,
             hard=state.hard,
-            turn=verdict(state.soft, state.hard, eff.soft_limit, eff.hard_limit)
-            if state.hard
-            else Turn.OK,
+            turn=verdict(state.soft, state.hard, eff.soft_limit, eff.hard_limit),
             paused=state.paused,
             overrides=state.overrides,
             limits=eff,

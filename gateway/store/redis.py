@@ -20,6 +20,7 @@ from redis.exceptions import RedisError
 from gateway.model import Action, Reason, Turn
 from gateway.store.base import (
     CONTEXT_TEXT_CHARS,
+    COUNT_CODES,
     DECISION_LOG_SIZE,
     AdmitRequest,
     AdmitResult,
@@ -35,7 +36,6 @@ from gateway.store.batching import AutoPipeline
 from gateway.store.memory import DEDUPE_ENTRIES
 from gateway.turns import Count, verdict
 
-_KIND = {Count.BOT: "b", Count.RESET: "r", Count.NONE: "n"}
 _OVERRIDE_FIELDS = ("soft_limit", "hard_limit", "max_replies", "rate_window_ms")
 
 
@@ -148,7 +148,7 @@ class RedisStore:
         obs = req.msg
         return [
             "" if req.now_ms is None else req.now_ms,
-            obs.message_id, obs.author, obs.name or obs.author, _KIND[kind],
+            obs.message_id, obs.author, obs.name or obs.author, COUNT_CODES[kind],
             obs.text[:CONTEXT_TEXT_CHARS], bot, self._policy(req.limits),
         ]  # fmt: skip
 
