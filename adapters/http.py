@@ -9,12 +9,13 @@ id along, so they are counted once.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
 from gateway.config import BotConfig
 from gateway.http import BadRequest, HttpServer
-from gateway.model import Action
+from gateway.model import Action, Decision
 from gateway.pipeline import Gateway
 from gateway.wire import FieldError, decision_fields, parse_message
 
@@ -41,22 +42,33 @@ class HttpAdapter:
                                 bot_id=self.gateway.bot_id)  # fmt: skip
         except FieldError as exc:
             raise BadRequest(str(exc)) from None
-        d = await self.gateway.handle(msg)
-        out = decision_fields(d, msg.chat.id)
-        if d.action is Action.REPLY and d.replies:
-            sent = []
-            for i, text in enumerate(d.replies):
-                reply_id = _new_id(self.bot.name)
-                await self.gateway.sent(d, reply_id, text, first=i == 0)
-                sent.append({"id": reply_id, "text": text})
-            out["reply"], out["reply_id"] = sent[0]["text"], sent[0]["id"]
-            if len(sent) > 1:
-                out["replies"] = sent
-        elif d.action is Action.WARN and d.warning:
-            warning_id = _new_id(self.bot.name)
-            await self.gateway.sent(d, warning_id, d.warning, first=False)
-            out["warning_id"] = warning_id
+        # Tracked from decision to counted reply: a stopping daemon lets both finish.
+        with self.gateway.inflight.track():
+            d = await self.gateway.handle(msg)
+            out = decision_fields(d, msg.chat.id)
+            if d.action is Action.REPLY and d.replies:
+                try:
+                    out.update(await self._send(d))
+                except asyncio.CancelledError:
+                    await asyncio.shield(self.gateway.unsent(d, "cancelled at shutdown"))
+                    raise
+            elif d.action is Action.WARN and d.warning:
+                warning_id = _new_id(self.bot.name)
+                await self.gateway.sent(d, warning_id, d.warning, first=False)
+                out["warning_id"] = warning_id
         return 200, out
+
+    async def _send(self, d: Decision) -> dict[str, Any]:
+        """Count each reply under a fresh id: the client shows it under that id."""
+        sent = []
+        for i, text in enumerate(d.replies):
+            reply_id = _new_id(self.bot.name)
+            await self.gateway.sent(d, reply_id, text, first=i == 0)
+            sent.append({"id": reply_id, "text": text})
+        out: dict[str, Any] = {"reply": sent[0]["text"], "reply_id": sent[0]["id"]}
+        if len(sent) > 1:
+            out["replies"] = sent
+        return out
 
 
 def create(bot: BotConfig, gateway: Gateway, server: HttpServer) -> HttpAdapter:

@@ -31,18 +31,24 @@ def _check_config(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from gateway.logs import setup_logging
+
+    handler = setup_logging(args.log_level, args.log_format)
+    try:
+        return _serve(args)
+    finally:
+        logging.getLogger().removeHandler(handler)
+
+
+def _serve(args: argparse.Namespace) -> int:
     from gateway.daemon import StartupError, serve
 
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-    )
     try:
         config = load_config(args.config)
     except ConfigError as exc:
         return _fail(f"{args.config}: invalid configuration\n{exc}")
     try:
-        asyncio.run(serve(config))
+        asyncio.run(serve(config, path=args.config))
     except StartupError as exc:
         return _fail(str(exc))
     return 0
@@ -97,6 +103,12 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from gateway.demo import run_demo
+
+    return run_demo(delay=args.delay, color=not args.no_color)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="botbouncer",
@@ -108,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-c", "--config", required=True, metavar="FILE")
     run.add_argument("--log-level", default="info",
                      choices=["debug", "info", "warning", "error"])  # fmt: skip
+    run.add_argument("--log-format", default="text", choices=["text", "json"],
+                     help="text lines (default) or one JSON object per line")  # fmt: skip
     run.set_defaults(func=_run)
 
     check = sub.add_parser("check-config", help="validate a configuration file")
@@ -124,6 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the bot the gateway plays (default: the first configured bot)",
     )
     rep.set_defaults(func=_replay)
+
+    demo = sub.add_parser("demo", help="watch two bots loop and botbouncer stop them")
+    demo.add_argument("--delay", type=float, metavar="SECONDS",
+                      help="pause between lines (default: 0.35 on a terminal, else 0)")  # fmt: skip
+    demo.add_argument("--no-color", action="store_true", help="plain text, even on a terminal")
+    demo.set_defaults(func=_demo)
     return parser
 
 

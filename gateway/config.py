@@ -514,6 +514,12 @@ class HttpConfig(_Model):
         return _split_listen(self.listen)[1]
 
 
+class ShutdownConfig(_Model):
+    """What SIGTERM/SIGINT waits for before it cancels the rest."""
+
+    grace_seconds: Float = Field(default=10.0, ge=0)
+
+
 def _deep_merge(base: Mapping[Any, Any], override: Mapping[Any, Any]) -> dict[Any, Any]:
     """`override` wins leaf by leaf; a null section in it does not erase `base`."""
     merged = dict(base)
@@ -547,6 +553,7 @@ class Config(_Model):
 
     store: StoreConfig = StoreConfig()
     http: HttpConfig = HttpConfig()
+    shutdown: ShutdownConfig = ShutdownConfig()
     defaults: Policy = Policy()
     bots: list[BotConfig] = Field(default_factory=list, validate_default=True)
 

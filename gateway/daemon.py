@@ -19,11 +19,14 @@ from typing import Protocol
 
 from aiohttp import web
 
-from gateway.backends import context_wanted, make_backend
+from gateway.admin import Admin
+from gateway.backends import Backend, context_wanted, make_backend
 from gateway.backends.python import PythonBackendError
 from gateway.classifier import Classifier
-from gateway.config import BotConfig, Config
+from gateway.config import BotConfig, Config, ConfigError, Policy, load_config
 from gateway.http import HttpServer
+from gateway.inflight import InFlight
+from gateway.metrics import Metrics
 from gateway.outbound import Outbound
 from gateway.pipeline import Gateway
 from gateway.store import Store, open_store
@@ -62,15 +65,10 @@ def find_adapter(platform: str) -> AdapterFactory:
     return factory
 
 
-def build_gateway(
-    bot: BotConfig,
-    store: Store,
-    outbound: Outbound,
-    *,
-    dry_run: bool = False,
-    clock: Callable[[], float] | None = None,
-) -> Gateway:
-    """A bot's gateway with its classifier and (unless dry_run) its guarded backend."""
+def build_parts(
+    bot: BotConfig, outbound: Outbound, *, dry_run: bool = False
+) -> tuple[Backend | None, Classifier | None]:
+    """A bot's guarded backend (none when dry_run) and its classifier (when enabled)."""
     backend = None
     if not dry_run:
         try:
@@ -79,7 +77,25 @@ def build_gateway(
             raise StartupError(f"bot {bot.name}: backend: {exc}") from None
     rd = bot.reply_decision
     classifier = Classifier(rd, bot.name, outbound) if rd.enabled else None
-    return Gateway(bot, store, backend, classifier=classifier, dry_run=dry_run, clock=clock)
+    return backend, classifier
+
+
+def build_gateway(
+    bot: BotConfig,
+    store: Store,
+    outbound: Outbound,
+    *,
+    dry_run: bool = False,
+    clock: Callable[[], float] | None = None,
+    inflight: InFlight | None = None,
+    metrics: Metrics | None = None,
+) -> Gateway:
+    """A bot's gateway with its classifier and (unless dry_run) its guarded backend."""
+    backend, classifier = build_parts(bot, outbound, dry_run=dry_run)
+    return Gateway(
+        bot, store, backend, classifier=classifier, dry_run=dry_run, clock=clock,
+        inflight=inflight, metrics=metrics,
+    )  # fmt: skip
 
 
 def context_size(config: Config) -> int:
@@ -89,22 +105,58 @@ def context_size(config: Config) -> int:
     return max(sizes, default=0)
 
 
+# Bot keys a reload can apply; the rest (platform, token, api_base, ...) shape a
+# connection made at start and need a restart.
+_RELOADABLE_BOT_KEYS = frozenset(Policy.model_fields) | {"name", "backend", "admins"}
+
+
+def restart_needed(running: Config, new: Config) -> list[str]:
+    """What in `new` differs from the running config but only applies on restart."""
+    out = []
+    if new.store != running.store:
+        out.append("store")
+    if new.http.listen != running.http.listen:
+        out.append("http.listen")
+    old_bots = {b.name: b for b in running.bots}
+    new_bots = {b.name: b for b in new.bots}
+    for name in new_bots.keys() - old_bots.keys():
+        out.append(f"bots: new bot {name!r}")
+    for name in old_bots.keys() - new_bots.keys():
+        out.append(f"bots: removed bot {name!r} (it keeps running)")
+    for name in new_bots.keys() & old_bots.keys():
+        for key in sorted(set(BotConfig.model_fields) - _RELOADABLE_BOT_KEYS):
+            if getattr(new_bots[name], key) != getattr(old_bots[name], key):
+                out.append(f"bots[{name}].{key}")
+    if context_size(new) > context_size(running):
+        out.append("context_messages (more recent context than the store keeps)")
+    return sorted(out)
+
+
 class Daemon:
     def __init__(self, config: Config) -> None:
         self.config = config
+        self.started = config  # what the store, listener and adapters were built from
         self.store: Store = open_store(
             config.store.url,
             state_ttl_seconds=config.store.state_ttl_seconds,
             settings_ttl_seconds=config.store.settings_ttl_seconds,
             context_size=context_size(config),
         )
-        self.server = HttpServer(self.store)
+        self.metrics = Metrics()
+        self.inflight = InFlight()
+        token = config.http.admin_token
+        self.server = HttpServer(
+            self.store, self.metrics, token.get_secret_value() if token else None
+        )
         self.outbound = Outbound()
         self.gateways: dict[str, Gateway] = {}
         self.adapters: list[Adapter] = []
         for bot in config.bots:
-            gateway = build_gateway(bot, self.store, self.outbound)
+            gateway = build_gateway(
+                bot, self.store, self.outbound, inflight=self.inflight, metrics=self.metrics
+            )
             self.gateways[bot.name] = gateway
+            self.server.admins[bot.name] = Admin(gateway)
             self.adapters.append(find_adapter(bot.platform)(bot, gateway, self.server))
         self._runner: web.AppRunner | None = None
         self.stopping = asyncio.Event()
@@ -112,7 +164,7 @@ class Daemon:
     async def start(self) -> str:
         """Start the HTTP server and every adapter; return the URL listened on."""
         http = self.config.http
-        self._runner = web.AppRunner(self.server.app, access_log=None)
+        self._runner = web.AppRunner(self.server.app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, http.host, http.port)
         try:
@@ -126,7 +178,40 @@ class Daemon:
         port = self._runner.addresses[0][1] if http.port == 0 else http.port
         return f"http://{host}:{port}"
 
+    def reload(self, new: Config) -> list[str]:
+        """Apply a new config's policies from the next message on.
+
+        Everything is built before anything is swapped, so a reload that fails
+        (a python backend that no longer imports) changes nothing. Returns the
+        changes that were not applied because they need a restart.
+        """
+        parts = {
+            bot.name: build_parts(bot, self.outbound)
+            for bot in new.bots
+            if bot.name in self.gateways
+        }
+        for name, (backend, classifier) in parts.items():
+            self.gateways[name].configure(new.bot(name), backend, classifier)
+        token = new.http.admin_token
+        self.server.admin_token = token.get_secret_value() if token else None
+        pending = restart_needed(self.started, new)
+        self.config = new
+        return pending
+
     async def stop(self) -> None:
+        """Take no new messages, let those in flight finish within the grace
+        period (cancelling the rest releases their slots), then close."""
+        self.inflight.close()
+        if self._runner is not None:
+            for site in list(self._runner.sites):
+                await site.stop()  # no new connections
+        grace = self.config.shutdown.grace_seconds
+        if len(self.inflight):
+            log.info("waiting up to %gs for %d message(s) in flight", grace, len(self.inflight))
+        cancelled = await self.inflight.drain(grace)
+        if cancelled:
+            log.warning("cancelled %d message(s) still in flight after %gs; their reply "
+                        "slots were released", cancelled, grace)  # fmt: skip
         for adapter in reversed(self.adapters):
             await adapter.stop()
         if self._runner is not None:
@@ -135,12 +220,32 @@ class Daemon:
         await self.store.close()
 
 
-async def serve(config: Config, on_ready: Callable[[str], None] | None = None) -> None:
-    """Run until SIGINT or SIGTERM, then stop cleanly."""
+def reload_file(daemon: Daemon, path: str) -> None:
+    """SIGHUP: reload `path`; an invalid file is refused and the running config stays."""
+    try:
+        new = load_config(path)
+        pending = daemon.reload(new)
+    except (ConfigError, StartupError) as exc:
+        log.error("reload of %s refused, the running configuration stays:\n%s", path, exc)
+        return
+    log.info("reloaded %s: policies apply from the next message", path)
+    if pending:
+        log.warning("not applied until restart: %s", "; ".join(pending))
+
+
+async def serve(
+    config: Config,
+    on_ready: Callable[[str], None] | None = None,
+    *,
+    path: str | None = None,
+) -> None:
+    """Run until SIGINT or SIGTERM, then stop cleanly; SIGHUP reloads `path`."""
     daemon = Daemon(config)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, daemon.stopping.set)
+    if path is not None:
+        loop.add_signal_handler(signal.SIGHUP, reload_file, daemon, path)
     url = await daemon.start()
     bots = ", ".join(f"{b.name} ({b.platform})" for b in config.bots)
     log.info("botbouncer listening on %s - store %s - bots: %s", url, daemon.store.kind, bots)
@@ -150,6 +255,7 @@ async def serve(config: Config, on_ready: Callable[[str], None] | None = None) -
         await daemon.stopping.wait()
     finally:
         log.info("stopping")
-        await daemon.stop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.remove_signal_handler(sig)
+        await daemon.stop()
+        log.info("stopped")

@@ -1,12 +1,15 @@
-"""The daemon's aiohttp server: ingress routing, health (DESIGN §5.3).
+"""The daemon's aiohttp server (DESIGN §5.3): ingress routing, admin API,
+health and metrics.
 
 Adapters that take messages over HTTP register a handler per bot; the server
-owns the routes, body limits and error shapes, so every error is JSON with a
-message and bad input is never a 5xx.
+owns the routes, body limits, authentication and error shapes, so every error
+is JSON with a message and bad input is never a 5xx.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -14,50 +17,58 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.admin import Admin, AdminError, overrides_from
+from gateway.inflight import ShuttingDown
+from gateway.metrics import CONTENT_TYPE, Metrics
 from gateway.store import Store, StoreError
+from gateway.store.base import DECISION_LOG_SIZE
 
 log = logging.getLogger("botbouncer.http")
 
 MAX_BODY = 64 * 1024
+PING_TIMEOUT = 2.0
+PLATFORMS = ("http", "discord", "telegram")
 
 # An ingress handler gets the decoded JSON body and answers (status, JSON body).
 IngressHandler = Callable[[Any], Awaitable[tuple[int, dict[str, Any]]]]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class BadRequest(Exception):
     """Raised by handlers for input the client must fix (answered 400)."""
 
 
-def error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
+def error(status: int, message: str, **headers: str) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers or None)
 
 
-@web.middleware
-async def _errors(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except web.HTTPRequestEntityTooLarge:
-        return error(413, f"request body larger than {MAX_BODY} bytes")
-    except web.HTTPException as exc:
-        if exc.status >= 400:
-            return error(exc.status, exc.reason)
-        raise
-    except BadRequest as exc:
-        return error(400, str(exc))
-    except StoreError as exc:
-        log.error("store error on %s: %s", request.path, exc)
-        return error(503, "the state store is unavailable; try again")
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False)
+
+
+def reply(payload: Any, status: int = 200) -> web.Response:
+    return web.json_response(payload, status=status, dumps=_dumps)
 
 
 class HttpServer:
-    def __init__(self, store: Store) -> None:
+    def __init__(
+        self, store: Store, metrics: Metrics | None = None, admin_token: str | None = None
+    ) -> None:
         self.store = store
+        self.metrics = metrics if metrics is not None else Metrics()
+        self.admin_token = admin_token
         self.ingress: dict[str, IngressHandler] = {}
-        self.app = web.Application(client_max_size=MAX_BODY, middlewares=[_errors])
-        self.app.router.add_get("/healthz", self._healthz)
-        self.app.router.add_post("/v1/bots/{bot}/messages", self._message)
+        # Every configured bot, in config order: whose limits an admin command reads.
+        self.admins: dict[str, Admin] = {}
+        self.app = web.Application(client_max_size=MAX_BODY, middlewares=[self._errors])
+        r = self.app.router
+        r.add_get("/healthz", self._healthz)
+        r.add_get("/metrics", self._metrics)
+        r.add_post("/v1/bots/{bot}/messages", self._message)
+        r.add_get("/v1/admin/chats/{chat}", self._admin_status)
+        r.add_post("/v1/admin/chats/{chat}/{command:reset|pause|resume}", self._admin_action)
+        r.add_put("/v1/admin/chats/{chat}/limits", self._admin_limits)
+        r.add_get("/v1/admin/chats/{chat}/decisions", self._admin_decisions)
 
     def add_ingress(self, bot: str, handler: IngressHandler) -> None:
         self.ingress[bot] = handler
@@ -65,8 +76,41 @@ class HttpServer:
     def remove_ingress(self, bot: str) -> None:
         self.ingress.pop(bot, None)
 
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPRequestEntityTooLarge:
+            return error(413, f"request body larger than {MAX_BODY} bytes")
+        except web.HTTPException as exc:
+            if exc.status >= 400:
+                return error(exc.status, exc.reason)
+            raise
+        except (BadRequest, AdminError) as exc:
+            return error(400, str(exc))
+        except _Refused as exc:
+            if exc.status == 401:
+                return error(401, str(exc), **{"WWW-Authenticate": 'Bearer realm="botbouncer"'})
+            return error(exc.status, str(exc))
+        except ShuttingDown:
+            return error(503, "botbouncer is shutting down; send this to another replica")
+        except StoreError as exc:
+            log.error("store error on %s: %s", request.path, exc)
+            self.metrics.store_degraded.set(1)
+            return error(503, "the state store is unavailable; try again")
+
     async def _healthz(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "store": self.store.kind})
+        body: dict[str, Any] = {"status": "ok", "store": self.store.kind}
+        try:
+            async with asyncio.timeout(PING_TIMEOUT):
+                await self.store.ping()
+        except (StoreError, TimeoutError) as exc:
+            body.update(status="degraded", error=str(exc) or "store ping timed out")
+        self.metrics.store_degraded.set(1 if body["status"] == "degraded" else 0)
+        return web.json_response(body)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     async def _message(self, request: web.Request) -> web.Response:
         bot = request.match_info["bot"]
@@ -74,14 +118,106 @@ class HttpServer:
         if handler is None:
             known = ", ".join(sorted(self.ingress)) or "none"
             return error(404, f"no http bot named {bot!r} (http bots: {known})")
-        raw = await request.read()
+        status, payload = await handler(await _json_body(request))
+        return reply(payload, status)
+
+    # -- admin API ---------------------------------------------------------
+
+    def _authorize(self, request: web.Request) -> None:
+        """403 when no token is configured, 401 when it is missing or wrong."""
+        if not self.admin_token:
+            raise _Refused(403, "the admin API is closed: set http.admin_token to open it")
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        expected = self.admin_token.encode()
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+            raise _Refused(401, "missing or wrong bearer token")
+
+    def _target(self, request: web.Request) -> tuple[Admin, str]:
+        """The admin for the request's `bot` (default: the first bot of the
+        chat's platform) and the chat's store key."""
+        self._authorize(request)
+        chat = chat_key(request.match_info["chat"])
+        name = request.query.get("bot")
+        if name is not None:
+            admin = self.admins.get(name)
+            if admin is None:
+                known = ", ".join(self.admins) or "none"
+                raise _Refused(404, f"no bot named {name!r} (bots: {known})")
+            return admin, chat
+        platform = chat.partition(":")[0]
+        for admin in self.admins.values():
+            if admin.bot.platform == platform:
+                return admin, chat
+        if not self.admins:
+            raise _Refused(404, "no bots are configured")
+        return next(iter(self.admins.values())), chat
+
+    async def _status_reply(self, admin: Admin, chat: str, **extra: Any) -> web.Response:
+        status = await admin.status(chat)
+        return reply({"bot": admin.bot.name, **extra, **status.as_dict()})
+
+    async def _admin_status(self, request: web.Request) -> web.Response:
+        admin, chat = self._target(request)
+        return await self._status_reply(admin, chat)
+
+    async def _admin_action(self, request: web.Request) -> web.Response:
+        admin, chat = self._target(request)
+        command = request.match_info["command"]
+        actor = _actor(request)
+        if command == "reset":
+            await admin.reset(chat, actor)
+        else:
+            await admin.pause(chat, actor, paused=command == "pause")
+        return await self._status_reply(admin, chat, done=command)
+
+    async def _admin_limits(self, request: web.Request) -> web.Response:
+        admin, chat = self._target(request)
+        body = await _json_body(request)
+        if not isinstance(body, dict):
+            raise BadRequest('body: must be a JSON object such as {"soft_limit": 10}')
+        await admin.set_limits(chat, _actor(request), overrides_from(body))
+        return await self._status_reply(admin, chat, done="limits")
+
+    async def _admin_decisions(self, request: web.Request) -> web.Response:
+        admin, chat = self._target(request)
+        raw = request.query.get("limit", str(DECISION_LOG_SIZE))
         try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return error(400, f"invalid JSON body: {exc}")
-        status, payload = await handler(body)
-        return web.json_response(payload, status=status, dumps=_dumps)
+            limit = int(raw)
+        except ValueError:
+            raise BadRequest(f"limit: must be a whole number, not {raw!r}") from None
+        return reply({"chat": chat, "decisions": await admin.why(chat, limit)})
 
 
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False)
+class _Refused(Exception):
+    """An admin request refused before it acts (401, 403, 404)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+async def _json_body(request: web.Request) -> Any:
+    raw = await request.read()
+    if not raw.strip():
+        raise BadRequest("empty body: send a JSON object")
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"invalid JSON body: {exc}") from None
+    except RecursionError:
+        raise BadRequest("invalid JSON body: nested too deeply") from None
+
+
+def _actor(request: web.Request) -> str:
+    return f"http({request.remote or '?'})"
+
+
+def chat_key(raw: str) -> str:
+    """A chat as the store keys it. `http:room1`, `discord:123`, `telegram:-100:7`
+    as decisions show them; a bare id is an http chat (`room1` -> `http:room1`)."""
+    if not raw:
+        raise BadRequest("chat: must not be empty")
+    platform, sep, rest = raw.partition(":")
+    if sep and platform in PLATFORMS and rest:
+        return raw
+    return f"http:{raw}"

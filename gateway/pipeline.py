@@ -7,17 +7,28 @@ taken before the first slow await and given back when nothing is sent.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.backends import Backend, context_wanted
 from gateway.classifier import Classifier
 from gateway.config import BotConfig
+from gateway.inflight import InFlight
+from gateway.metrics import Metrics
 from gateway.model import Action, ChatKind, Decision, Message, Reason
-from gateway.store import AdmitRequest, Limits, Observed, SentRequest, SentResult, Store
+from gateway.store import (
+    AdmitRequest,
+    ContextEntry,
+    Limits,
+    Observed,
+    SentRequest,
+    SentResult,
+    Store,
+)
 from gateway.turns import Count, count_kind, format_warning, local_reason
 
 log = logging.getLogger("botbouncer.decision")
@@ -41,12 +52,41 @@ def observed(msg: Message, count: Count) -> Observed:
     return Observed(msg.chat.key, msg.id, msg.author.id, msg.author.display, count, msg.text)
 
 
+@dataclass(frozen=True, slots=True)
+class _Setup:
+    """A bot's policy and its callees, swapped as one reference on reload, so a
+    message is handled start to end under one configuration."""
+
+    bot: BotConfig
+    backend: Backend | None
+    classifier: Classifier | None
+    trusted: frozenset[str]
+    context: int  # recent messages the classifier and the backend look at
+    limits: dict[ChatKind, Limits]
+
+
+def _setup(bot: BotConfig, backend: Backend | None, classifier: Classifier | None) -> _Setup:
+    wanted = [context_wanted(bot.backend)]
+    if classifier is not None:
+        wanted.append(bot.reply_decision.context_messages)
+    return _Setup(
+        bot=bot,
+        backend=backend,
+        classifier=classifier,
+        trusted=frozenset(bot.trusted_bots),
+        context=max(wanted),
+        limits={kind: limits_for(bot, kind) for kind in ChatKind},
+    )
+
+
 class Gateway:
     """One bot's gate. Several gateways (bots, replicas) may share one store.
 
     `bot_id` is the author id this bot has on its platform (for HTTP and
     replay, its configured name). `dry_run` stops before the backend and keeps
     the slot as if it answered (replay). `clock` injects time in seconds.
+    `inflight` tracks messages being handled so a stopping daemon can let
+    them finish; `metrics` counts decisions and times the slow calls.
     """
 
     def __init__(
@@ -59,35 +99,55 @@ class Gateway:
         bot_id: str | None = None,
         dry_run: bool = False,
         clock: Callable[[], float] | None = None,
+        inflight: InFlight | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
-        self.bot = bot
         self.store = store
-        self.backend = backend
-        self.classifier = classifier
         self.bot_id = bot_id or bot.name
         self.dry_run = dry_run
         self.clock = clock
-        self._trusted = frozenset(bot.trusted_bots)
-        # Recent context the store returns with an admitted message: what the
-        # classifier and the backend will look at.
-        wanted = [context_wanted(bot.backend)]
-        if classifier is not None:
-            wanted.append(bot.reply_decision.context_messages)
-        self._context = max(wanted)
-        self._limits = {kind: limits_for(bot, kind) for kind in ChatKind}
+        self.inflight = inflight if inflight is not None else InFlight()
+        self.metrics = metrics
+        self._s = _setup(bot, backend, classifier)
 
-    def _now_ms(self) -> int | None:
+    @property
+    def bot(self) -> BotConfig:
+        return self._s.bot
+
+    @property
+    def backend(self) -> Backend | None:
+        return self._s.backend
+
+    @property
+    def classifier(self) -> Classifier | None:
+        return self._s.classifier
+
+    def configure(
+        self, bot: BotConfig, backend: Backend | None, classifier: Classifier | None
+    ) -> None:
+        """A reloaded policy: applies from the next message; messages being
+        handled finish under the setup they started with."""
+        self._s = _setup(bot, backend, classifier)
+
+    def limits(self, kind: ChatKind) -> Limits:
+        return self._s.limits[kind]
+
+    def now_ms(self) -> int | None:
         return None if self.clock is None else round(self.clock() * 1000)
 
     async def handle(self, msg: Message) -> Decision:
+        with self.inflight.track():
+            return await self._handle(msg, self._s)
+
+    async def _handle(self, msg: Message, s: _Setup) -> Decision:
         started = time.perf_counter()
         count = count_kind(msg, self.bot_id)
         local = local_reason(
             msg,
             self.bot_id,
-            bot_messages=self.bot.bot_messages,
-            trusted_bots=self._trusted,
-            respond_to=self.bot.respond_to,
+            bot_messages=s.bot.bot_messages,
+            trusted_bots=s.trusted,
+            respond_to=s.bot.respond_to,
         )
         res = await self.store.admit(
             AdmitRequest(
@@ -95,9 +155,9 @@ class Gateway:
                 bot=self.bot_id,
                 local_reason=local,
                 author_is_bot=msg.author.is_bot or msg.author.id == self.bot_id,
-                limits=self._limits[msg.chat.kind],
-                context=self._context,
-                now_ms=self._now_ms(),
+                limits=s.limits[msg.chat.kind],
+                context=s.context,
+                now_ms=self.now_ms(),
             )
         )
         base = Decision(
@@ -113,7 +173,7 @@ class Gateway:
             at=res.at_ms / 1000,
         )
         if res.action is Action.WARN:
-            turns = self.bot.turns
+            turns = s.bot.turns
             if res.warn == "soft":
                 text = format_warning(turns.warn_soft, res.soft, res.limits.soft_limit)
             else:
@@ -121,20 +181,44 @@ class Gateway:
             return self._logged(replace(base, warning=text), started)
         if res.action is not None:
             return self._logged(base, started)
-        # Only now, with every deterministic rule passed and the slot held, the
-        # expensive steps: at most one classifier call, then the backend.
-        if self.classifier is not None and self.classifier.applies(msg):
-            verdict = await self.classifier.decide(msg, res.context)
+        try:
+            return await self._answer(msg, s, res.context, base, started)
+        except asyncio.CancelledError:
+            # Stopped mid-answer (shutdown past its grace): nothing will be
+            # sent, so the slot goes back, even while this task is cancelled.
+            log.warning("handling %s was cancelled; its slot is released", msg.id)
+            await asyncio.shield(self._silent(base, Reason.BACKEND_ERROR, started))
+            raise
+
+    async def _answer(
+        self,
+        msg: Message,
+        s: _Setup,
+        context: list[ContextEntry],
+        base: Decision,
+        started: float,
+    ) -> Decision:
+        """Every deterministic rule passed and the slot is held: now the
+        expensive steps, at most one classifier call, then the backend."""
+        if s.classifier is not None and s.classifier.applies(msg):
+            t0 = time.perf_counter()
+            verdict = await s.classifier.decide(msg, context)
+            if self.metrics is not None:
+                self.metrics.classifier_calls.labels(verdict.result).inc()
+                self.metrics.classifier_seconds.observe(time.perf_counter() - t0)
             if not verdict.reply:
                 return await self._silent(base, Reason.CLASSIFIER_SKIP, started)
-        if self.dry_run or self.backend is None:
+        if self.dry_run or s.backend is None:
             return self._logged(base, started)
-
+        t0 = time.perf_counter()
         try:
-            replies = [r for r in await self.backend.reply(msg, res.context) if r.strip()]
+            replies = [r for r in await s.backend.reply(msg, context) if r.strip()]
         except Exception as exc:  # any backend failure: silence, not a crash
-            log.warning("backend %s failed for %s: %s", self.backend.name, msg.id, exc)
+            log.warning("backend %s failed for %s: %s", s.backend.name, msg.id, exc)
             return await self._silent(base, Reason.BACKEND_ERROR, started)
+        finally:
+            if self.metrics is not None:
+                self.metrics.backend_seconds.observe(time.perf_counter() - t0)
         if not replies:
             return await self._silent(base, Reason.BACKEND_EMPTY, started)
         return self._logged(replace(base, replies=tuple(replies)), started)
@@ -161,9 +245,9 @@ class Gateway:
             SentRequest(
                 msg=own,
                 bot=self.bot_id,
-                limits=self._limits[ChatKind.GROUP],
+                limits=self.limits(ChatKind.GROUP),
                 log=decision.log_entry() if first else None,
-                now_ms=self._now_ms(),
+                now_ms=self.now_ms(),
             )
         )
 
@@ -176,10 +260,13 @@ class Gateway:
         )
 
     def _logged(self, decision: Decision, started: float) -> Decision:
+        seconds = time.perf_counter() - started
+        if self.metrics is not None:
+            self.metrics.decision(decision, self._s.bot.platform, seconds)
         if not log.isEnabledFor(logging.INFO):
             return decision
         fields: dict[str, Any] = decision.as_dict()
-        fields["ms"] = round((time.perf_counter() - started) * 1000, 3)
+        fields["ms"] = round(seconds * 1000, 3)
         log.info(
             "decision bot=%s chat=%s id=%s author=%s action=%s reason=%s turn=%s soft=%d "
             "hard=%d",

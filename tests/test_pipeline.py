@@ -95,7 +95,7 @@ async def test_a_failing_or_empty_backend_releases_the_slot(
     first = await gw.handle(human("one", mid="h1"))
     assert (first.action, first.reason) == (Action.DROP, reason)
     # the slot came back: an answering backend may use it
-    gw.backend = EchoBackend()
+    gw.configure(gw.bot, EchoBackend(), None)
     second = await gw.handle(human("two", mid="h2"))
     assert second.action is Action.REPLY
     third = await gw.handle(human("three", mid="h3"))

@@ -326,6 +326,9 @@ class MemoryStore:
         state = self._chats.get(chat)
         return [] if state is None else list(state.log)[:limit]
 
+    async def ping(self) -> None:
+        return None
+
     async def close(self) -> None:
         return None
 

@@ -289,5 +289,11 @@ class RedisStore:
             raise StoreError(f"redis decisions failed: {exc}") from exc
         return [json.loads(r) for r in raw]
 
+    async def ping(self) -> None:
+        try:
+            await self.client.ping()
+        except RedisError as exc:
+            raise StoreError(f"redis ping failed: {exc}") from exc
+
     async def close(self) -> None:
         await self.client.aclose()

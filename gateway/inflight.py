@@ -1,0 +1,70 @@
+"""The work a stopping daemon lets finish: tracked tasks, drained with a deadline.
+
+A message being handled holds a rate-cap slot and maybe a backend call; on
+SIGTERM the daemon refuses new work, waits up to the grace period for these
+tasks, then cancels the rest - and a cancelled message gives its slot back
+(Gateway.handle), so a shutdown never leaves a chat's budget spent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class ShuttingDown(Exception):
+    """New work refused: the daemon is stopping."""
+
+
+class InFlight:
+    def __init__(self) -> None:
+        self._tasks: dict[asyncio.Task[object], int] = {}
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.closed = False
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    @contextmanager
+    def track(self) -> Iterator[None]:
+        """Mark the current task as in flight (re-entrant: an adapter may wrap handle())."""
+        task = asyncio.current_task()
+        if task is None:  # pragma: no cover - always called from a task
+            yield
+            return
+        if self.closed and task not in self._tasks:
+            raise ShuttingDown("the daemon is shutting down")
+        self._tasks[task] = self._tasks.get(task, 0) + 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            depth = self._tasks.pop(task) - 1
+            if depth:
+                self._tasks[task] = depth
+            elif not self._tasks:
+                self._idle.set()
+
+    def close(self) -> None:
+        """Refuse new work from now on; work already tracked may go on."""
+        self.closed = True
+
+    async def drain(self, grace: float) -> int:
+        """Wait up to `grace` seconds for tracked work; cancel what is left.
+
+        Returns how many tasks had to be cancelled.
+        """
+        self.close()
+        try:
+            async with asyncio.timeout(grace):
+                await self._idle.wait()
+            return 0
+        except TimeoutError:
+            pass
+        left = list(self._tasks)
+        for task in left:
+            task.cancel()
+        await asyncio.wait(left, timeout=5)  # their slot releases, bounded
+        return len(left)

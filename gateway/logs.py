@@ -1,0 +1,58 @@
+"""Log set-up for the daemon: readable lines by default, JSON lines for machines.
+
+Decision lines carry their fields in `extra={"decision": ...}`; the JSON
+format puts them under "decision" so a log shipper can index every field of
+every decision without parsing the text.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+
+TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, object] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        decision = getattr(record, "decision", None)
+        if decision is not None:
+            out["decision"] = decision
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, ensure_ascii=False, default=str)
+
+
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever sys.stderr is at the time (a test may swap it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @property
+    def stream(self) -> object:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: object) -> None:
+        pass
+
+
+def setup_logging(level: str, fmt: str) -> logging.Handler:
+    """`fmt` is "text" or "json"; everything goes to stderr. Calling it again
+    replaces its own handler, not ones others installed. Returns the handler,
+    for a caller that runs in-process (tests) to remove when done."""
+    handler = _Stderr()
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    root = logging.getLogger()
+    root.handlers[:] = [h for h in root.handlers if not isinstance(h, _Stderr)] + [handler]
+    root.setLevel(level.upper())
+    return handler
