@@ -61,6 +61,14 @@ TURN_REASONS: dict[Turn, Reason] = {
     Turn.HARD_LIMIT: Reason.TURN_HARD_LIMIT,
     Turn.STOPPED: Reason.TURN_STOPPED,
 }
+# A bot message counted while the chat was ok but decided on after the chat
+# passed a limit: the chat is now past it, whatever the message's own count.
+LATE_TURN_REASONS: dict[Turn, Reason] = {
+    Turn.SOFT_LIMIT: Reason.TURN_THROTTLED,
+    Turn.THROTTLED: Reason.TURN_THROTTLED,
+    Turn.HARD_LIMIT: Reason.TURN_STOPPED,
+    Turn.STOPPED: Reason.TURN_STOPPED,
+}
 
 
 class ChatKind(StrEnum):

@@ -51,10 +51,12 @@ class Held:
 
     def __init__(self) -> None:
         self.gate = asyncio.Event()
+        self.called = asyncio.Event()
         self.calls = 0
 
     async def reply(self, msg: Message, context: Sequence[ContextEntry]) -> list[str]:
         self.calls += 1
+        self.called.set()
         await self.gate.wait()
         return [f"re: {msg.text}"]
 

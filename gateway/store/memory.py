@@ -11,7 +11,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.model import TURN_REASONS, Action, Decision, Reason, Turn
+from gateway.model import LATE_TURN_REASONS, TURN_REASONS, Action, Decision, Reason, Turn
 from gateway.store.base import (
     CONTEXT_TEXT_CHARS,
     COUNT_CODES,
@@ -241,6 +241,10 @@ class MemoryStore:
             return result(Action.DROP, Reason.PAUSED, turn, soft, hard)
         if rec[0] == "b" and turn is not Turn.OK:
             return result(Action.DROP, TURN_REASONS[turn], turn, soft, hard)
+        if rec[0] == "b" and seen is not None:  # counted earlier: where is the chat now?
+            now_turn = verdict(chat.soft, chat.hard, limits.soft_limit, limits.hard_limit)
+            if now_turn is not Turn.OK:
+                return result(Action.DROP, LATE_TURN_REASONS[now_turn], turn, soft, hard)
         if req.author_is_bot and chat.cooldowns.get(pair_name(obs.author, req.bot), 0) > now:
             return result(Action.DROP, Reason.PAIR_COOLDOWN, turn, soft, hard)
         reserved = False

@@ -56,6 +56,31 @@ async def test_verdict_other_than_ok_forbids_answering_a_bot(store: Store) -> No
     assert (res.turn, res.reason) == (Turn.STOPPED, Reason.TURN_STOPPED)
 
 
+async def test_a_late_bot_message_is_not_answered_once_the_chat_is_past_a_limit(
+    stores: StoreFactory,
+) -> None:
+    """Two conversations at once: a message counted while the chat was ok, seen
+    by a bot only after other messages pushed the chat to the limit, is not
+    answered - the chat's verdict now is what forbids answering a bot."""
+    store_a, store_b = await stores(2)
+    by_a, by_b = Chat(store_a, limits=SMALL), Chat(store_b, limits=SMALL)
+    await by_a.sent("A", mid="a1")  # A's message counted when sent: 1
+    await by_b.sent("B", mid="b1")  # 2
+    await by_a.sent("A", mid="a2")  # 3: the chat reaches the soft limit
+    late = await by_b.admit("A", bot="B", mid="a1")  # B sees a1 only now
+    assert (late.turn, late.soft) == (Turn.OK, 1)  # the message's own count
+    assert (late.action, late.reason) == (Action.DROP, Reason.TURN_THROTTLED)
+    for _ in range(2):
+        await by_a.sent("A")  # 5: past the hard limit
+    late = await by_a.admit("B", bot="A", mid="b1")
+    assert (late.action, late.reason) == (Action.DROP, Reason.TURN_STOPPED)
+    await by_a.human()  # a person speaks: counters back to zero
+    early = await by_b.admit("A", bot="C", mid="a2")  # counted at 3, seen after the reset
+    assert early.reason is Reason.TURN_SOFT_LIMIT  # its own verdict still holds
+    fresh = await by_b.admit("A", bot="B", mid="a9")
+    assert (fresh.turn, fresh.action) == (Turn.OK, None)
+
+
 async def test_plain_human_message_resets_and_the_next_twentieth_warns_again(store: Store) -> None:
     chat = Chat(store)
     for _ in range(2):

@@ -7,6 +7,9 @@ local LOCAL, AUTHOR_IS_BOT, WANT_CTX = ARGV[9], ARGV[10] == '1', tonumber(ARGV[1
 
 local TURN_REASON = {soft_limit = 'turn_soft_limit', throttled = 'turn_throttled',
   hard_limit = 'turn_hard_limit', stopped = 'turn_stopped'}
+-- a message counted earlier, decided on after the chat passed a limit
+local LATE_REASON = {soft_limit = 'turn_throttled', throttled = 'turn_throttled',
+  hard_limit = 'turn_stopped', stopped = 'turn_stopped'}
 
 local function finish(action, reason, turn, soft, hard, warn, reserved, ctx)
   if action ~= '' then
@@ -47,6 +50,11 @@ if LOCAL ~= '' then return finish('drop', LOCAL, turn, soft, hard, '', 0) end
 if PAUSED then return finish('drop', 'paused', turn, soft, hard, '', 0) end
 if kind == 'b' and turn ~= 'ok' then
   return finish('drop', TURN_REASON[turn], turn, soft, hard, '', 0)
+end
+if kind == 'b' and seen then
+  local c = redis.call('HMGET', K_STATE, 'soft', 'hard')
+  local now_turn = verdict(tonumber(c[1] or '0'), tonumber(c[2] or '0'))
+  if now_turn ~= 'ok' then return finish('drop', LATE_REASON[now_turn], turn, soft, hard, '', 0) end
 end
 if AUTHOR_IS_BOT then
   local until_ms = redis.call('HGET', K_PAIRS, 'c:' .. pair_name(AUTHOR, BOT))

@@ -1,0 +1,179 @@
+"""Stopping and reloading: in-flight drain, slot release on cancel, reload rules,
+JSON logs. The same behaviour through a real process is in test_daemon_e2e.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from gateway.config import parse_config
+from gateway.daemon import Daemon, StartupError, reload_file, restart_needed
+from gateway.inflight import InFlight, ShuttingDown
+from gateway.logs import JsonFormatter
+from gateway.model import Action, Reason
+from gateway.pipeline import Gateway
+from gateway.store import Store
+from tests.test_pipeline import ROOM, Held, bot_config, human
+
+BASE = """
+bots:
+  - {name: helper, platform: http, backend: {type: echo}}
+defaults:
+  turns: {soft_limit: 5, hard_limit: 10}
+"""
+
+
+async def test_drain_waits_for_tracked_work_and_refuses_new() -> None:
+    inflight = InFlight()
+    gate = asyncio.Event()
+    entered = asyncio.Event()
+
+    async def work() -> str:
+        with inflight.track(), inflight.track():  # re-entrant, as adapter + gateway
+            entered.set()
+            await gate.wait()
+            return "done"
+
+    task = asyncio.create_task(work())
+    await entered.wait()
+    drain = asyncio.create_task(inflight.drain(5))
+    await asyncio.sleep(0)
+    with pytest.raises(ShuttingDown), inflight.track():  # a new message while stopping
+        pass
+    assert not drain.done()
+    gate.set()
+    assert await drain == 0
+    assert await task == "done"
+    assert len(inflight) == 0
+
+
+async def test_drain_cancels_what_outlives_the_grace_period() -> None:
+    inflight = InFlight()
+    entered = asyncio.Event()
+
+    async def stuck() -> None:
+        with inflight.track():
+            entered.set()
+            await asyncio.Event().wait()
+
+    task = asyncio.create_task(stuck())
+    await entered.wait()
+    assert await inflight.drain(0.01) == 1
+    assert task.cancelled()
+
+
+async def test_a_cancelled_message_gives_its_slot_back(store: Store) -> None:
+    backend = Held()
+    gw = Gateway(bot_config(rate_cap="{max_replies: 1}"), store, backend)
+    task = asyncio.create_task(gw.handle(human("hang on", mid="h1")))
+    await backend.called.wait()  # the slot is held once the backend is called
+    status = await gw.store.status(ROOM.key, "helper", gw.limits(ROOM.kind))
+    assert status.rate_used == 1
+    assert await gw.inflight.drain(0) == 1
+    assert task.cancelled()
+    status = await gw.store.status(ROOM.key, "helper", gw.limits(ROOM.kind))
+    assert status.rate_used == 0
+    newest = (await store.decisions(ROOM.key))[0]
+    assert (newest["id"], newest["reason"]) == ("h1", "backend_error")
+    # the freed slot answers the next message
+    backend.gate.set()
+    gw2 = Gateway(gw.bot, store, backend)
+    assert (await gw2.handle(human("again", mid="h2"))).action is Action.REPLY
+
+
+def test_restart_needed_names_what_a_reload_cannot_apply() -> None:
+    running = parse_config(BASE)
+    policy_only = parse_config(BASE.replace("soft_limit: 5", "soft_limit: 3"))
+    assert restart_needed(running, policy_only) == []
+    moved = parse_config(
+        BASE + 'store: {url: "redis://127.0.0.1:1/0"}\nhttp: {listen: "127.0.0.1:9"}\n'
+    )
+    assert restart_needed(running, moved) == ["http.listen", "store"]
+    more = parse_config(BASE.replace("bots:\n", "bots:\n  - {name: b2, platform: http, "
+                                     "backend: {type: echo}}\n"))  # fmt: skip
+    assert restart_needed(running, more) == ["bots: new bot 'b2'"]
+    assert restart_needed(more, running) == ["bots: removed bot 'b2' (it keeps running)"]
+    api = parse_config(BASE.replace("type: echo}", "type: echo}, api_base: http://x"))
+    assert restart_needed(running, api) == ["bots[helper].api_base"]
+
+
+async def test_reload_applies_policy_to_the_next_message() -> None:
+    daemon = Daemon(parse_config(BASE))
+    gw = daemon.gateways["helper"]
+    try:
+        assert gw.limits(ROOM.kind).soft_limit == 5
+        pending = daemon.reload(
+            parse_config(BASE.replace("soft_limit: 5", "soft_limit: 2") + "http: {admin_token: t}")
+        )
+        assert pending == []
+        assert gw.limits(ROOM.kind).soft_limit == 2
+        assert daemon.server.admin_token == "t"
+        assert daemon.server.admins["helper"].bot.turns.soft_limit == 2
+    finally:
+        await daemon.stop()
+
+
+async def test_a_reload_that_cannot_build_a_backend_changes_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    daemon = Daemon(parse_config(BASE))
+    gw = daemon.gateways["helper"]
+    before = gw.backend
+    bad = BASE.replace("soft_limit: 5", "soft_limit: 2").replace(
+        "{type: echo}", "{type: python, callable: 'tests.no_such_module:f'}"
+    )
+    try:
+        with pytest.raises(StartupError, match="no_such_module"):
+            daemon.reload(parse_config(bad))
+        assert (gw.backend, gw.limits(ROOM.kind).soft_limit) == (before, 5)
+        path = tmp_path / "c.yml"
+        for text in (bad, "bots: [", "bots:\n  - {name: helper, platform: http}\n"):
+            path.write_text(text)
+            with caplog.at_level(logging.INFO, "botbouncer"):
+                reload_file(daemon, str(path))
+            assert "refused, the running configuration stays" in caplog.text
+            assert (gw.backend, gw.limits(ROOM.kind).soft_limit) == (before, 5)
+            caplog.clear()
+        path.write_text(BASE.replace("soft_limit: 5", "soft_limit: 4") + 'store: {url: "x"}')
+        with caplog.at_level(logging.INFO, "botbouncer"):
+            reload_file(daemon, str(path))
+        assert "refused" in caplog.text and "store.url" in caplog.text
+        listen = "http: {listen: '127.0.0.1:1'}"
+        path.write_text(BASE.replace("soft_limit: 5", "soft_limit: 4") + listen)
+        with caplog.at_level(logging.INFO, "botbouncer"):
+            reload_file(daemon, str(path))
+        assert "not applied until restart: http.listen" in caplog.text
+        assert gw.limits(ROOM.kind).soft_limit == 4
+    finally:
+        await daemon.stop()
+
+
+async def test_json_log_lines_carry_the_decision() -> None:
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Keep()
+    logger = logging.getLogger("botbouncer.decision")
+    logger.addHandler(handler)
+    old = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        daemon = Daemon(parse_config(BASE))
+        d = await daemon.gateways["helper"].handle(human("hi", mid="j1", mentions=()))
+        await daemon.stop()
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old)
+    assert d.reason is Reason.NOT_ADDRESSED
+    line = json.loads(JsonFormatter().format(records[-1]))
+    assert line["level"] == "info" and line["logger"] == "botbouncer.decision"
+    assert line["decision"]["id"] == "j1"
+    assert line["decision"]["reason"] == "not_addressed"
+    assert "ms" in line["decision"]
