@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from gateway.config import BotConfig
+from gateway.config import MAX_COUNT, MAX_WINDOW_SECONDS, BotConfig
 from gateway.model import ChatKind
 from gateway.pipeline import Gateway
 from gateway.store import ChatStatus, Limits, Overrides
@@ -47,18 +47,26 @@ class AdminError(ValueError):
     """The command or its arguments are wrong; the text says what to change."""
 
 
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _positive_int(key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise AdminError(f"{key}: must be a whole number >= 1, not {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
+        raise AdminError(f"{key}: must be a whole number from 1 to {MAX_COUNT}, not {_show(value)}")
     return value
 
 
 def _window_ms(key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise AdminError(f"{key}: must be a number of seconds, not {value!r}")
-    ms = round(value * 1000)
-    if ms < 1:
-        raise AdminError(f"{key}: must be > 0 seconds, not {value!r}")
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or (isinstance(value, float) and not math.isfinite(value)):
+        raise AdminError(f"{key}: must be a number of seconds, not {_show(value)}")
+    if not 0.001 <= value <= MAX_WINDOW_SECONDS:  # compared before any float overflow
+        raise AdminError(
+            f"{key}: must be from 0.001 to {MAX_WINDOW_SECONDS} seconds, not {_show(value)}"
+        )
+    ms: int = round(float(value) * 1000)
     return ms
 
 
@@ -93,17 +101,18 @@ def parse_limit_args(args: list[str]) -> dict[str, Any]:
         try:
             number: float = float(raw) if name == "rate_window_seconds" else int(raw)
         except ValueError:
-            raise AdminError(f"{key}: {raw!r} is not a number") from None
+            raise AdminError(f"{key}: {_show(raw)} is not a number") from None
         values[name] = number
     return values
 
 
-def check_limits(overrides: Overrides, configured: Limits) -> None:
+def check_limits(overrides: Overrides, configured: Limits, bot: str | None = None) -> None:
     """Refuse overrides that would put the soft limit at or above the hard one."""
     eff = overrides.apply(configured)
     if eff.soft_limit >= eff.hard_limit:
+        whose = f" for bot {bot}" if bot is not None else ""
         raise AdminError(
-            f"soft_limit ({eff.soft_limit}) must be below hard_limit ({eff.hard_limit})"
+            f"soft_limit ({eff.soft_limit}) must be below hard_limit ({eff.hard_limit}){whose}"
         )
 
 
@@ -113,10 +122,13 @@ class Admin:
     The store state they touch is per chat and shared by every bot; the bot
     only decides which configured limits a status shows and whose rate window
     is counted. Reads the gateway's current policy, so a reload shows at once.
+    `peers` are the other bots of this process: overrides belong to the chat,
+    so they are checked against every bot's configured limits.
     """
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, peers: Sequence[Gateway] = ()) -> None:
         self.gateway = gateway
+        self.peers = peers
 
     @property
     def bot(self) -> BotConfig:
@@ -146,13 +158,17 @@ class Admin:
         merge: bool = False,
         kind: ChatKind = ChatKind.GROUP,
     ) -> None:
-        """Replace the chat's overrides, or with `merge` change only the given ones."""
+        """Replace the chat's overrides, or with `merge` change only the given ones
+        (written field by field, so two admins changing different limits at
+        once both keep their change)."""
+        result = overrides
         if merge:
             current = (await self.status(chat, kind)).overrides
-            overrides = replace(current, **overrides.as_dict())
-        check_limits(overrides, self._configured(kind))
-        await self.gateway.store.set_overrides(chat, overrides)
-        shown = _limits_text(overrides) or "none (the configured limits apply)"
+            result = replace(current, **overrides.as_dict())
+        for gw in (self.gateway, *self.peers):
+            check_limits(result, gw.limits(kind), gw.bot.name)
+        await self.gateway.store.set_overrides(chat, overrides, merge=merge)
+        shown = _limits_text(result) or "none (the configured limits apply)"
         log.info("admin %s: limits for %s: %s", actor, chat, shown)
 
     async def why(self, chat: str, limit: int = 10) -> list[dict[str, Any]]:

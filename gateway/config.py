@@ -77,6 +77,13 @@ PROMPT_FIELDS = ("identity", "context", "author", "author_kind", "message")
 _LOCATED = "located"
 
 
+# Upper bounds keep every count and millisecond an exact integer inside Redis
+# Lua (whose numbers print as 1e+14 past 14 digits, which PEXPIRE refuses).
+MAX_COUNT = 1_000_000
+MAX_WINDOW_SECONDS = 30 * 86400
+MAX_TTL_SECONDS = 10 * 365 * 86400
+
+
 class ConfigError(Exception):
     """Everything that is wrong with a config, one `<path>: <problem>` per line."""
 
@@ -189,8 +196,8 @@ def _check_template(template: str, fields: tuple[str, ...] = TEMPLATE_FIELDS) ->
 class TurnsPolicy(_Model):
     """Consecutive bot-turn limits (DESIGN §3.1)."""
 
-    soft_limit: Int = Field(default=20, ge=1)
-    hard_limit: Int = Field(default=100, ge=1)
+    soft_limit: Int = Field(default=20, ge=1, le=MAX_COUNT)
+    hard_limit: Int = Field(default=100, ge=1, le=MAX_COUNT)
     warn_soft: str = DEFAULT_WARN_SOFT
     warn_hard: str = DEFAULT_WARN_HARD
 
@@ -216,16 +223,16 @@ class TurnsPolicy(_Model):
 class PairsPolicy(_Model):
     """Sliding-window loop detection per pair of bots (DESIGN §3.2)."""
 
-    max_events: Int = Field(default=20, ge=1)
-    window_seconds: Float = Field(default=60.0, gt=0)
-    cooldown_seconds: Float = Field(default=60.0, ge=0)
+    max_events: Int = Field(default=20, ge=1, le=MAX_COUNT)
+    window_seconds: Float = Field(default=60.0, gt=0, le=MAX_WINDOW_SECONDS)
+    cooldown_seconds: Float = Field(default=60.0, ge=0, le=MAX_WINDOW_SECONDS)
 
 
 class RateCapPolicy(_Model):
     """Replies per (chat, bot) in a rolling window (DESIGN §3.4)."""
 
-    max_replies: Int = Field(default=6, ge=1)
-    window_seconds: Float = Field(default=120.0, gt=0)
+    max_replies: Int = Field(default=6, ge=1, le=MAX_COUNT)
+    window_seconds: Float = Field(default=120.0, gt=0, le=MAX_WINDOW_SECONDS)
     scope: Literal["groups", "all"] = "groups"
 
 
@@ -432,8 +439,8 @@ class StoreConfig(_Model):
     """Where state lives (DESIGN §4)."""
 
     url: str = "memory://"
-    state_ttl_seconds: Int = Field(default=604800, ge=60)
-    settings_ttl_seconds: Int = Field(default=7776000, ge=60)
+    state_ttl_seconds: Int = Field(default=604800, ge=60, le=MAX_TTL_SECONDS)
+    settings_ttl_seconds: Int = Field(default=7776000, ge=60, le=MAX_TTL_SECONDS)
 
     @field_validator("url")
     @classmethod

@@ -156,7 +156,11 @@ class Daemon:
                 bot, self.store, self.outbound, inflight=self.inflight, metrics=self.metrics
             )
             self.gateways[bot.name] = gateway
-            self.server.admins[bot.name] = Admin(gateway)
+        peers = list(self.gateways.values())
+        for name, gateway in self.gateways.items():
+            self.server.admins[name] = Admin(gateway, [p for p in peers if p is not gateway])
+        for bot in config.bots:
+            gateway = self.gateways[bot.name]
             self.adapters.append(find_adapter(bot.platform)(bot, gateway, self.server))
         self._runner: web.AppRunner | None = None
         self.stopping = asyncio.Event()

@@ -47,7 +47,10 @@ def _dumps(obj: Any) -> str:
 
 
 def reply(payload: Any, status: int = 200) -> web.Response:
-    return web.json_response(payload, status=status, dumps=_dumps)
+    # backslashreplace turns a lone surrogate into its JSON escape (\\ud800), so
+    # any string that reached us can be answered; nothing else is affected.
+    body = _dumps(payload).encode("utf-8", "backslashreplace")
+    return web.Response(body=body, status=status, content_type="application/json")
 
 
 class HttpServer:
@@ -65,10 +68,12 @@ class HttpServer:
         r.add_get("/healthz", self._healthz)
         r.add_get("/metrics", self._metrics)
         r.add_post("/v1/bots/{bot}/messages", self._message)
-        r.add_get("/v1/admin/chats/{chat}", self._admin_status)
-        r.add_post("/v1/admin/chats/{chat}/{command:reset|pause|resume}", self._admin_action)
-        r.add_put("/v1/admin/chats/{chat}/limits", self._admin_limits)
-        r.add_get("/v1/admin/chats/{chat}/decisions", self._admin_decisions)
+        # `[^/]+`: a chat id may hold braces, which aiohttp's default pattern refuses.
+        chat = "/v1/admin/chats/{chat:[^/]+}"
+        r.add_get(chat, self._admin_status)
+        r.add_post(chat + "/{command:reset|pause|resume}", self._admin_action)
+        r.add_put(chat + "/limits", self._admin_limits)
+        r.add_get(chat + "/decisions", self._admin_decisions)
 
     def add_ingress(self, bot: str, handler: IngressHandler) -> None:
         self.ingress[bot] = handler
@@ -129,7 +134,10 @@ class HttpServer:
             raise _Refused(403, "the admin API is closed: set http.admin_token to open it")
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
         expected = self.admin_token.encode()
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+        # Header bytes that are not UTF-8 arrive surrogate-escaped: encode them
+        # back rather than fail, and let them be just a wrong token.
+        token = given.strip().encode("utf-8", "backslashreplace")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token, expected):
             raise _Refused(401, "missing or wrong bearer token")
 
     def _target(self, request: web.Request) -> tuple[Admin, str]:
@@ -202,7 +210,7 @@ async def _json_body(request: web.Request) -> Any:
         raise BadRequest("empty body: send a JSON object")
     try:
         return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except ValueError as exc:  # bad JSON or encoding, or an int beyond Python's digit limit
         raise BadRequest(f"invalid JSON body: {exc}") from None
     except RecursionError:
         raise BadRequest("invalid JSON body: nested too deeply") from None

@@ -20,13 +20,22 @@ def _show(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)[:60]
 
 
+def _unicode(key: str, value: str) -> str:
+    """JSON may spell a lone surrogate (\\ud800); no store or platform can keep one."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise FieldError(f"{key}: is not valid Unicode (a lone surrogate)") from None
+    return value
+
+
 def _string(obj: dict[str, Any], key: str, default: str | None = None) -> str:
     value = obj.get(key, default)
     if value is None:
         raise FieldError(f"{key}: is required")
     if not isinstance(value, str):
         raise FieldError(f"{key}: must be a string, not {_show(value)}")
-    return value
+    return _unicode(key, value)
 
 
 def _bool(obj: dict[str, Any], key: str) -> bool:
@@ -65,9 +74,13 @@ def parse_message(obj: Any, *, platform: str, default_id: str, bot_id: str) -> M
     mentions = obj.get("mentions", [])
     if not isinstance(mentions, list) or not all(isinstance(m, str) for m in mentions):
         raise FieldError("mentions: must be a list of author ids (strings)")
+    for m in mentions:
+        _unicode("mentions", m)
     reply_to = obj.get("reply_to")
     if reply_to is not None and not isinstance(reply_to, str):
         raise FieldError(f"reply_to: must be an author id or null, not {_show(reply_to)}")
+    if reply_to is not None:
+        _unicode("reply_to", reply_to)
     return Message(
         id=msg_id,
         chat=ChatRef(platform=platform, id=chat, kind=ChatKind(kind)),

@@ -216,8 +216,9 @@ class Store(Protocol):
 
     async def set_paused(self, chat: str, paused: bool) -> None: ...
 
-    async def set_overrides(self, chat: str, overrides: Overrides) -> None:
-        """Replace the chat's overrides (an empty Overrides clears them)."""
+    async def set_overrides(self, chat: str, overrides: Overrides, merge: bool = False) -> None:
+        """Replace the chat's overrides (an empty Overrides clears them), or
+        with `merge` set only the fields given, keeping the others."""
         ...
 
     async def decisions(self, chat: str, limit: int = DECISION_LOG_SIZE) -> list[dict[str, Any]]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway.model import LATE_TURN_REASONS, TURN_REASONS, Action, Decision, Reason, Turn
@@ -320,10 +320,10 @@ class MemoryStore:
         state.paused = paused
         self._touch_settings(state, now)
 
-    async def set_overrides(self, chat: str, overrides: Overrides) -> None:
+    async def set_overrides(self, chat: str, overrides: Overrides, merge: bool = False) -> None:
         now = self._now(None)
         state = self._chat(chat, None)
-        state.overrides = overrides
+        state.overrides = replace(state.overrides, **overrides.as_dict()) if merge else overrides
         self._touch_settings(state, now)
 
     async def decisions(self, chat: str, limit: int = DECISION_LOG_SIZE) -> list[dict[str, Any]]:

@@ -271,11 +271,12 @@ class RedisStore:
         except RedisError as exc:
             raise StoreError(f"redis pause failed: {exc}") from exc
 
-    async def set_overrides(self, chat: str, overrides: Overrides) -> None:
+    async def set_overrides(self, chat: str, overrides: Overrides, merge: bool = False) -> None:
         keys = self.keys(chat)
         values = overrides.as_dict()
         try:
-            await self.client.hdel(keys.cfg, *_OVERRIDE_FIELDS)
+            if not merge:
+                await self.client.hdel(keys.cfg, *_OVERRIDE_FIELDS)
             if values:
                 await self.client.hset(keys.cfg, items=[x for kv in values.items() for x in kv])
                 await self.client.pexpire(keys.cfg, self._settings_ttl)

@@ -312,6 +312,19 @@ async def test_overrides_replace_the_configured_limits_for_every_replica(
     assert (await replica.status(chat.chat, "B", Limits())).overrides.as_dict() == {}
 
 
+async def test_merged_overrides_keep_each_others_fields(stores: StoreFactory) -> None:
+    """Two admins changing different limits at once both keep their change."""
+    a, b = await stores(2)
+    chat = "test:merge"
+    await asyncio.gather(
+        a.set_overrides(chat, Overrides(soft_limit=3), merge=True),
+        b.set_overrides(chat, Overrides(hard_limit=50), merge=True),
+    )
+    assert (await b.status(chat, "B", Limits())).overrides == Overrides(soft_limit=3, hard_limit=50)
+    await a.set_overrides(chat, Overrides(max_replies=2))  # without merge: replaces
+    assert (await b.status(chat, "B", Limits())).overrides == Overrides(max_replies=2)
+
+
 async def test_admin_reset_zeroes_counters_and_cooldowns(store: Store) -> None:
     chat = Chat(store, limits=PAIRS)
     for i in range(6):
