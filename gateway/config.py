@@ -407,6 +407,42 @@ class BotConfig(Policy):
     api_base: OptionalStr = None
     backend: BackendConfig
     admins: AdminsConfig = AdminsConfig()
+    # Discord only: where the gateway websocket is when api_base points at a
+    # proxy (default: what GET {api_base}/gateway/bot answers), sharding for
+    # bots in many guilds, and guilds to register slash commands in at once.
+    gateway_url: OptionalStr = None
+    shard_count: Int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    shard_ids: tuple[Annotated[Int, Field(ge=0)], ...] | None = None
+    guild_ids: Ids = ()
+
+    @field_validator("gateway_url", "shard_count", "shard_ids", "guild_ids")
+    @classmethod
+    def _discord_only(cls, value: Any, info: ValidationInfo) -> Any:
+        platform = info.data.get("platform")
+        if value not in (None, ()) and platform is not None and platform != "discord":
+            raise ValueError(f"is a Discord setting; this bot's platform is {platform}")
+        return value
+
+    @field_validator("gateway_url")
+    @classmethod
+    def _gateway_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            parts = urlsplit(value)
+            if parts.scheme not in ("ws", "wss") or not parts.netloc:
+                raise ValueError(f"must be a ws:// or wss:// URL, not {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _shards(self) -> BotConfig:
+        if self.shard_ids is not None:
+            if self.shard_count is None:
+                raise ValueError("shard_ids needs shard_count")
+            bad = [i for i in self.shard_ids if i >= self.shard_count]
+            if bad:
+                raise ValueError(
+                    f"shard_ids: {bad[0]} is not below shard_count ({self.shard_count})"
+                )
+        return self
 
     @field_validator("name")
     @classmethod

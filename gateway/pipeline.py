@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -32,6 +33,9 @@ from gateway.store import (
 from gateway.turns import Count, count_kind, format_warning, local_reason
 
 log = logging.getLogger("botbouncer.decision")
+
+# Something to show while the backend works, e.g. a platform's typing indicator.
+Busy = Callable[[], AbstractAsyncContextManager[object]]
 
 
 def limits_for(bot: BotConfig, kind: ChatKind) -> Limits:
@@ -135,11 +139,13 @@ class Gateway:
     def now_ms(self) -> int | None:
         return None if self.clock is None else round(self.clock() * 1000)
 
-    async def handle(self, msg: Message) -> Decision:
+    async def handle(self, msg: Message, *, busy: Busy | None = None) -> Decision:
+        """Decide on `msg`; `busy()` (e.g. a typing indicator) is entered only
+        while the backend works on an answer."""
         with self.inflight.track():
-            return await self._handle(msg, self._s)
+            return await self._handle(msg, self._s, busy)
 
-    async def _handle(self, msg: Message, s: _Setup) -> Decision:
+    async def _handle(self, msg: Message, s: _Setup, busy: Busy | None) -> Decision:
         started = time.perf_counter()
         count = count_kind(msg, self.bot_id)
         local = local_reason(
@@ -182,7 +188,7 @@ class Gateway:
         if res.action is not None:
             return self._logged(base, started)
         try:
-            return await self._answer(msg, s, res.context, base, started)
+            return await self._answer(msg, s, res.context, base, started, busy)
         except asyncio.CancelledError:
             # Stopped mid-answer (shutdown past its grace): nothing will be
             # sent, so the slot goes back, even while this task is cancelled.
@@ -197,6 +203,7 @@ class Gateway:
         context: list[ContextEntry],
         base: Decision,
         started: float,
+        busy: Busy | None,
     ) -> Decision:
         """Every deterministic rule passed and the slot is held: now the
         expensive steps, at most one classifier call, then the backend."""
@@ -212,7 +219,8 @@ class Gateway:
             return self._logged(base, started)
         t0 = time.perf_counter()
         try:
-            replies = [r for r in await s.backend.reply(msg, context) if r.strip()]
+            async with busy() if busy is not None else nullcontext():
+                replies = [r for r in await s.backend.reply(msg, context) if r.strip()]
         except Exception as exc:  # any backend failure: silence, not a crash
             log.warning("backend %s failed for %s: %s", s.backend.name, msg.id, exc)
             return await self._silent(base, Reason.BACKEND_ERROR, started)

@@ -576,3 +576,48 @@ def test_backend_errors_name_the_key(backend: str, problem: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse_config(f"bots:\n  - {{name: x, platform: http, backend: {backend}}}\n")
     assert err.value.problems == [problem]
+
+
+def test_the_commented_discord_bot_in_the_example_is_valid() -> None:
+    text = EXAMPLE.read_text(encoding="utf-8")
+    start = text.index("  # - name: discord-helper")
+    lines = []
+    for line in text[start:].splitlines():
+        if not line.startswith("  # ") or line.startswith("  #   #"):
+            continue
+        lines.append("  " + line[4:])
+    with_all = "\n".join(lines)
+    bot = parse_config("bots:\n" + with_all + "\n", env={"DISCORD_TOKEN": "t"}).bots[0]
+    assert (bot.platform, bot.bot_messages, bot.token is not None) == ("discord", "mentions", True)
+
+
+NOT_DISCORD = "is a Discord setting; this bot's platform is http"
+
+
+@pytest.mark.parametrize(
+    ("extra", "problem"),
+    [
+        ("shard_count: 2", f"bots[0].shard_count: {NOT_DISCORD}"),
+        ("guild_ids: [1]", f"bots[0].guild_ids: {NOT_DISCORD}"),
+    ],
+)
+def test_discord_settings_belong_to_discord_bots(extra: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(f"bots:\n  - {{name: x, platform: http, backend: {{type: echo}}, {extra}}}\n")
+    assert err.value.problems == [problem]
+
+
+@pytest.mark.parametrize(
+    ("extra", "problem"),
+    [
+        ("gateway_url: 'http://x'", "bots[0].gateway_url: must be a ws:// or wss:// URL"),
+        ("shard_ids: [0]", "bots[0]: shard_ids needs shard_count"),
+        ("shard_count: 2, shard_ids: [2]", "bots[0]: shard_ids: 2 is not below shard_count (2)"),
+        ("shard_count: 0", "bots[0].shard_count: must be >= 1"),
+    ],
+)
+def test_discord_settings_are_checked(extra: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        bot = f"{{name: x, platform: discord, token: t, backend: {{type: echo}}, {extra}}}"
+        parse_config(f"bots:\n  - {bot}\n")
+    assert err.value.problems[0].startswith(problem)

@@ -1,0 +1,356 @@
+"""The Discord adapter (discord.py 2.x): translate events, send replies, offer
+the admin commands as `/bouncer ...` application commands. It knows nothing
+about limits; Gateway.handle decides.
+
+One sharded client per configured bot. Reconnects, resumes and HTTP 429s are
+discord.py's own: the adapter never retries a send. With `api_base` set (an API
+proxy, a self-hosted gateway), the gateway URL comes from GET
+{api_base}/gateway/bot, as Discord's sharded clients do, or from `gateway_url`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import discord
+import yarl
+from discord import app_commands
+from discord.gateway import DiscordWebSocket
+from discord.http import Route
+
+from gateway.admin import Admin, AdminError
+from gateway.config import BotConfig
+from gateway.daemon import StartupError
+from gateway.http import HttpServer
+from gateway.inflight import ShuttingDown
+from gateway.model import Action, Author, ChatKind, ChatRef, Decision, Message
+from gateway.pipeline import Gateway
+from gateway.store import StoreError
+
+log = logging.getLogger("botbouncer.discord")
+
+MESSAGE_LIMIT = 2000  # Discord's per-message character limit
+# A reply may ping the users it names and the author it answers, never
+# @everyone, @here or a role: a bot echoing "@everyone" must not page a server.
+SAFE_MENTIONS = discord.AllowedMentions(everyone=False, roles=False, users=True, replied_user=True)
+NO_MENTIONS = discord.AllowedMentions.none()
+
+# discord.py keeps the REST base and the default gateway as class attributes,
+# so every Discord bot of one process must use the same endpoints.
+_DEFAULT_BASE = Route.BASE
+_DEFAULT_GATEWAY = DiscordWebSocket.DEFAULT_GATEWAY
+_endpoints: dict[str, tuple[str, str | None]] = {}  # running bot -> (REST base, gateway)
+
+
+def split_message(text: str, limit: int = MESSAGE_LIMIT) -> list[str]:
+    """Pieces of at most `limit` characters, cut at a line break or a space
+    when one is in the second half of the piece, else hard."""
+    pieces: list[str] = []
+    while len(text) > limit:
+        cut = text.rfind("\n", limit // 2, limit + 1)
+        if cut < 0:
+            cut = text.rfind(" ", limit // 2, limit + 1)
+        if cut < 0:
+            pieces.append(text[:limit])
+            text = text[limit:]
+        else:
+            pieces.append(text[:cut])
+            text = text[cut + 1 :]
+    if text.strip():
+        pieces.append(text)
+    return pieces
+
+
+def to_message(m: discord.Message) -> Message:
+    """A Discord message as the gateway sees it: the channel is the chat (a
+    thread is a channel), a DM is `dm`, a reply names the author it answers."""
+    channel = m.channel
+    kind = ChatKind.DM if isinstance(channel, discord.DMChannel) else ChatKind.GROUP
+    reply_to = None
+    if m.reference is not None and isinstance(m.reference.resolved, discord.Message):
+        reply_to = str(m.reference.resolved.author.id)
+    return Message(
+        id=str(m.id),
+        chat=ChatRef(platform="discord", id=str(channel.id), kind=kind),
+        author=Author(str(m.author.id), m.author.display_name, m.author.bot),
+        text=m.content,
+        mentions=tuple(str(u.id) for u in m.mentions),
+        reply_to=reply_to,
+        system=m.is_system(),
+    )
+
+
+class DiscordAdapter:
+    def __init__(self, bot: BotConfig, gateway: Gateway, server: HttpServer) -> None:
+        if bot.token is None:  # the config refuses this; a clear error if it ever slips
+            raise StartupError(f"bot {bot.name}: a Discord bot needs a token")
+        self.bot = bot
+        self.gateway = gateway
+        self.admin = server.admins.get(bot.name) or Admin(gateway)
+        intents = discord.Intents.default()
+        intents.message_content = True  # privileged: enable it in the developer portal
+        sharding: dict[str, Any] = {"shard_count": bot.shard_count}
+        if bot.shard_ids is not None:
+            sharding["shard_ids"] = list(bot.shard_ids)
+        self.client = discord.AutoShardedClient(
+            intents=intents, allowed_mentions=SAFE_MENTIONS, **sharding
+        )
+        self.tree = app_commands.CommandTree(self.client)
+        self.tree.on_error = self._command_error  # type: ignore[method-assign]
+        self._add_commands()
+        self.client.event(self.on_message)
+        self.client.event(self.on_ready)
+        self.ready = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    # -- lifecycle ------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Log in (a bad token stops the daemon), register the commands, connect."""
+        self._use_endpoints()
+        token = self.bot.token.get_secret_value() if self.bot.token else ""
+        try:
+            await self.client.login(token)
+        except discord.LoginFailure:
+            raise StartupError(f"bot {self.bot.name}: Discord refused the token") from None
+        except (discord.HTTPException, OSError) as exc:
+            raise StartupError(f"bot {self.bot.name}: cannot reach Discord: {exc}") from None
+        user = self.client.user
+        assert user is not None  # set by login
+        self.gateway.bot_id = str(user.id)  # own messages are recognised by user id
+        await self._locate_gateway()
+        await self._register_commands()
+        self._task = asyncio.create_task(self._run(), name=f"discord:{self.bot.name}")
+
+    async def _run(self) -> None:
+        try:
+            await self.client.connect(reconnect=True)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # discord.py gave up (bad intents, bad shard): say so
+            log.error("bot %s: the Discord connection ended: %s", self.bot.name, exc)
+
+    async def stop(self) -> None:
+        await self.client.close()
+        if self._task is not None:
+            await asyncio.wait([self._task], timeout=5)
+        _endpoints.pop(self.bot.name, None)
+        if not _endpoints:
+            Route.BASE = _DEFAULT_BASE
+            DiscordWebSocket.DEFAULT_GATEWAY = _DEFAULT_GATEWAY
+
+    def _use_endpoints(self) -> None:
+        base = (self.bot.api_base or _DEFAULT_BASE).rstrip("/")
+        for name, (other, _) in _endpoints.items():
+            if other != base:
+                raise StartupError(
+                    f"bot {self.bot.name}: api_base {base} differs from bot {name}'s {other}; "
+                    "discord.py allows one API base per process: run them in two daemons"
+                )
+        _endpoints[self.bot.name] = (base, self.bot.gateway_url)
+        Route.BASE = base
+
+    async def _locate_gateway(self) -> None:
+        """Behind a proxy, find the gateway the way sharded clients do, and make
+        it the default so a reconnect after an invalidated session goes there too."""
+        if self.bot.api_base is None and self.bot.gateway_url is None:
+            return  # Discord itself: discord.py knows the way
+        try:
+            shards, url, _ = await self.client.http.get_bot_gateway()
+        except (discord.HTTPException, OSError) as exc:
+            raise StartupError(
+                f"bot {self.bot.name}: GET {Route.BASE}/gateway/bot failed: {exc}"
+            ) from None
+        DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(self.bot.gateway_url or url)
+        if self.client.shard_count is None:
+            self.client.shard_count = shards
+
+    async def on_ready(self) -> None:
+        log.info("bot %s is on Discord as %s (id %s), %d guild(s)", self.bot.name,
+                 self.client.user, self.gateway.bot_id, len(self.client.guilds))  # fmt: skip
+        self.ready.set()
+
+    # -- messages ---------------------------------------------------------------
+
+    async def on_message(self, message: discord.Message) -> None:
+        try:
+            with self.gateway.inflight.track():
+                await self._handle(message)
+        except ShuttingDown:
+            log.info("bot %s: message %s arrived while stopping; not handled",
+                     self.bot.name, message.id)  # fmt: skip
+        except StoreError as exc:
+            log.error("bot %s: message %s not handled: %s", self.bot.name, message.id, exc)
+
+    async def _handle(self, message: discord.Message) -> None:
+        channel = message.channel
+        d = await self.gateway.handle(to_message(message), busy=lambda: self._typing(channel))
+        if d.action is Action.REPLY and d.replies:
+            ref = message.to_reference(fail_if_not_exists=False)
+            await self._post(channel, d, list(d.replies), SAFE_MENTIONS, ref)
+        elif d.action is Action.WARN and d.warning:
+            await self._post(channel, d, [d.warning], NO_MENTIONS, None, warning=True)
+
+    async def _post(
+        self,
+        channel: Any,
+        d: Decision,
+        texts: list[str],
+        mentions: discord.AllowedMentions,
+        reference: discord.MessageReference | None,
+        *,
+        warning: bool = False,
+    ) -> None:
+        """Send each piece and count it as this bot's turn under its message id.
+        A failed first send gives the slot back; no retry (429s are discord.py's)."""
+        first = not warning
+        sent_any = False
+        for text in texts:
+            for piece in split_message(text):
+                try:
+                    sent = await channel.send(piece, allowed_mentions=mentions, reference=reference)
+                except discord.HTTPException as exc:
+                    if not sent_any and not warning:
+                        await self.gateway.unsent(d, f"Discord refused the message: {exc}")
+                    else:
+                        log.warning("bot %s: sending to %s failed: %s", self.bot.name,
+                                    channel.id, exc)  # fmt: skip
+                    return
+                reference = None  # only the first piece is a reply
+                await self.gateway.sent(d, str(sent.id), piece, first=first)
+                first, sent_any = False, True
+
+    @asynccontextmanager
+    async def _typing(self, channel: Any) -> AsyncIterator[None]:
+        """Typing while the backend works; a failed indicator never fails a reply."""
+        typing = channel.typing()
+        try:
+            await typing.__aenter__()
+        except discord.HTTPException as exc:
+            log.debug("typing indicator in %s failed: %s", channel.id, exc)
+            yield
+            return
+        try:
+            yield
+        finally:
+            await typing.__aexit__(None, None, None)
+
+    # -- admin commands -----------------------------------------------------------
+
+    def _add_commands(self) -> None:
+        group = app_commands.Group(
+            name="bouncer",
+            description="botbouncer: bot loop limits for this channel",
+            default_permissions=discord.Permissions(manage_guild=True),
+            guild_only=True,
+        )
+
+        @group.command(name="status", description="Turn counters, limits, pause and cooldowns")
+        async def status(interaction: discord.Interaction) -> None:
+            await self._admin(interaction, "status")
+
+        @group.command(name="reset", description="Zero the turn counters and cooldowns")
+        async def reset(interaction: discord.Interaction) -> None:
+            await self._admin(interaction, "reset")
+
+        @group.command(name="pause", description="No bot answers here until resumed")
+        async def pause(interaction: discord.Interaction) -> None:
+            await self._admin(interaction, "pause")
+
+        @group.command(name="resume", description="Bots answer here again")
+        async def resume(interaction: discord.Interaction) -> None:
+            await self._admin(interaction, "resume")
+
+        @group.command(name="limits", description="Show or override this channel's limits")
+        @app_commands.describe(
+            soft="bot turns before the warning",
+            hard="bot turns before the hard stop",
+            rate="replies per bot per window",
+            window="rate window in seconds",
+            clear="drop every override",
+        )
+        async def limits(
+            interaction: discord.Interaction,
+            soft: app_commands.Range[int, 1, 1_000_000] | None = None,
+            hard: app_commands.Range[int, 1, 1_000_000] | None = None,
+            rate: app_commands.Range[int, 1, 1_000_000] | None = None,
+            window: app_commands.Range[float, 0.001, 2_592_000] | None = None,
+            clear: bool = False,
+        ) -> None:
+            args = ["clear"] if clear else []
+            given = (("soft", soft), ("hard", hard), ("rate", rate), ("window", window))
+            args += [f"{k}={v}" for k, v in given if v is not None]
+            await self._admin(interaction, " ".join(["limits", *args]))
+
+        @group.command(name="why", description="The last decisions here, with reasons")
+        @app_commands.describe(count="how many (1-50)")
+        async def why(
+            interaction: discord.Interaction, count: app_commands.Range[int, 1, 50] = 10
+        ) -> None:
+            await self._admin(interaction, f"why {count}")
+
+        guilds = [discord.Object(int(g)) for g in self.bot.guild_ids]
+        self.tree.add_command(group, guilds=guilds or discord.utils.MISSING)
+
+    async def _register_commands(self) -> None:
+        try:
+            if self.bot.guild_ids:
+                for gid in self.bot.guild_ids:
+                    await self.tree.sync(guild=discord.Object(int(gid)))
+            else:
+                await self.tree.sync()
+        except discord.HTTPException as exc:
+            # Commands are a convenience; the gate works without them.
+            log.error("bot %s: registering /bouncer failed: %s", self.bot.name, exc)
+
+    def is_admin(self, interaction: discord.Interaction) -> bool:
+        """Configured user or role ids, or Manage Server (DESIGN §3.7)."""
+        admins = self.bot.admins
+        user = interaction.user
+        if str(user.id) in admins.user_ids:
+            return True
+        if isinstance(user, discord.Member) and any(
+            str(r.id) in admins.role_ids for r in user.roles
+        ):
+            return True
+        perms = interaction.permissions
+        return perms.manage_guild or perms.administrator
+
+    async def _admin(self, interaction: discord.Interaction, command: str) -> None:
+        if not self.is_admin(interaction):
+            log.info("bot %s: /bouncer %s refused for %s", self.bot.name, command,
+                     interaction.user.id)  # fmt: skip
+            await _answer(interaction, "Only server managers and botbouncer admins may do this.")
+            return
+        chat = ChatRef("discord", str(interaction.channel_id)).key
+        actor = f"discord:{interaction.user.id}"
+        try:
+            text = await self.admin.run(chat, command, actor)
+        except AdminError as exc:
+            text = f"Not done: {exc}"
+        except StoreError as exc:
+            log.error("bot %s: /bouncer %s failed: %s", self.bot.name, command, exc)
+            text = "The state store is unavailable; nothing was changed. Try again."
+        await _answer(interaction, text)
+
+    async def _command_error(
+        self, interaction: discord.Interaction, error: app_commands.AppCommandError
+    ) -> None:
+        log.error("bot %s: command failed: %s", self.bot.name, error)
+        if not interaction.response.is_done():
+            await _answer(interaction, "Not done: the command failed.")
+
+
+async def _answer(interaction: discord.Interaction, text: str) -> None:
+    """Ephemeral: only the person who asked sees the answer."""
+    await interaction.response.send_message(
+        text[:MESSAGE_LIMIT], ephemeral=True, allowed_mentions=NO_MENTIONS
+    )
+
+
+def create(bot: BotConfig, gateway: Gateway, server: HttpServer) -> DiscordAdapter:
+    return DiscordAdapter(bot, gateway, server)
