@@ -278,7 +278,7 @@ class DiscordAdapter:
             soft: app_commands.Range[int, 1, 1_000_000] | None = None,
             hard: app_commands.Range[int, 1, 1_000_000] | None = None,
             rate: app_commands.Range[int, 1, 1_000_000] | None = None,
-            window: app_commands.Range[float, 0.001, 2_592_000] | None = None,
+            window: app_commands.Range[float, 0.001, 2_592_000.0] | None = None,
             clear: bool = False,
         ) -> None:
             args = ["clear"] if clear else []

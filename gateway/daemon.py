@@ -176,8 +176,12 @@ class Daemon:
         except OSError as exc:
             await self._runner.cleanup()
             raise StartupError(f"cannot listen on {http.listen}: {exc.strerror}") from None
-        for adapter in self.adapters:
-            await adapter.start()
+        try:
+            for adapter in self.adapters:
+                await adapter.start()
+        except BaseException:
+            await self.stop()  # what did start (listener, clients) is closed again
+            raise
         host = f"[{http.host}]" if ":" in http.host else http.host
         port = self._runner.addresses[0][1] if http.port == 0 else http.port
         return f"http://{host}:{port}"

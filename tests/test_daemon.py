@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gateway.cli import main
 from gateway.config import Config, parse_config
-from gateway.daemon import Daemon
+from gateway.daemon import Daemon, StartupError, find_adapter
 from tests.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,13 +108,24 @@ async def test_bad_requests_get_a_json_error_never_a_500(
     assert needle in (await resp.json())["error"]
 
 
-def test_a_platform_without_an_adapter_is_a_clear_startup_error(
+def test_a_platform_without_an_adapter_is_a_clear_startup_error() -> None:
+    with pytest.raises(StartupError, match="no adapter for platform 'irc' in this version"):
+        find_adapter("irc")
+
+
+def test_an_unreachable_discord_is_a_clear_startup_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cfg = tmp_path / "c.yml"
-    cfg.write_text("bots:\n  - {name: d, platform: discord, token: t, backend: {type: echo}}\n")
+    api = f"http://127.0.0.1:{free_port()}/api/v10"  # nothing listens there
+    cfg.write_text(
+        f"http: {{listen: '127.0.0.1:{free_port()}'}}\n"
+        f"bots:\n  - {{name: d, platform: discord, token: t, api_base: '{api}',"
+        " backend: {type: echo}}\n"
+    )
     assert main(["run", "-c", str(cfg)]) == 2
-    assert "no adapter for platform 'discord'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "bot d: cannot reach Discord" in err and "Traceback" not in err
 
 
 async def test_run_serves_until_sigterm_then_exits_0(tmp_path: Path) -> None:
