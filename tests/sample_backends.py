@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from gateway.model import Message
 from gateway.store import ContextEntry
 
@@ -35,3 +37,12 @@ def sync_reply(msg: Message) -> str:
 
 
 NOT_CALLABLE = 3
+
+
+async def polite(msg: Message) -> str:
+    """For the Discord tests: greet the user a person names by bare id, thank a bot
+    by mention - so two bots running it answer each other forever."""
+    if msg.author.is_bot:
+        return f"<@{msg.author.id}> thank you!"
+    named = re.search(r"(?<![@\d])(\d{17,20})\b", msg.text)
+    return f"<@{named.group(1)}> hello!" if named else "hello!"

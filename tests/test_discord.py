@@ -1,0 +1,332 @@
+"""The Discord adapter end to end: the real discord.py client, inside the real
+daemon, against the fake Discord of tests/fakes/discord.py, on Redis.
+
+The daemon reaches the fake only through `api_base` (and GET /gateway/bot).
+Decisions are awaited through the decision log lines the pipeline writes, the
+platform side through the fake's recorded messages: nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import yaml
+from discord.gateway import DiscordWebSocket
+from discord.http import Route
+
+from gateway.config import parse_config
+from gateway.daemon import Daemon
+from gateway.store.redis import RedisStore
+from tests.conftest import delete_prefix
+from tests.fakes.discord import (
+    FakeDiscord,
+    MessageType,
+    Perm,
+    RecordedMessage,
+    member,
+    role,
+    text_channel,
+    thread_channel,
+)
+from tests.redis_server import free_port
+
+pytestmark = pytest.mark.timeout(60)
+
+TOKEN_A, TOKEN_B = "token-alpha", "token-beta"
+BOT_A, BOT_B = 1_200_000_000_000_000_001, 1_200_000_000_000_000_002
+GUILD = 1_100_000_000_000_000_000
+GENERAL, RANDOM, THREAD = (
+    1_300_000_000_000_000_001,
+    1_300_000_000_000_000_002,
+    1_300_000_000_000_000_003,
+)
+OWNER, ALICE, MOD, OTHER_BOT = (
+    1_400_000_000_000_000_001,
+    1_400_000_000_000_000_002,
+    1_400_000_000_000_000_003,
+    1_400_000_000_000_000_004,
+)
+MOD_ROLE = 1_500_000_000_000_000_001
+
+
+def chat(channel: int) -> str:
+    return f"discord:{channel}"
+
+
+class Decisions(logging.Handler):
+    """Every decision the pipeline logs, awaitable by message id and bot."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.seen: list[dict[str, Any]] = []
+        self.changed = asyncio.Condition()
+        self.loop = asyncio.get_running_loop()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        decision = getattr(record, "decision", None)
+        if decision is not None:
+            self.seen.append(decision)
+            self.loop.create_task(self._notify())
+
+    async def _notify(self) -> None:
+        async with self.changed:
+            self.changed.notify_all()
+
+    async def wait(self, message_id: int | str, bot: int, timeout: float = 10) -> dict[str, Any]:  # noqa: ASYNC109
+        def found() -> dict[str, Any] | None:
+            return next(
+                (d for d in self.seen if d["id"] == str(message_id) and d["bot"] == str(bot)),
+                None,
+            )
+
+        async with asyncio.timeout(timeout), self.changed:
+            got = await self.changed.wait_for(found)
+        assert got is not None
+        return got
+
+
+@pytest.fixture
+async def decisions() -> AsyncIterator[Decisions]:
+    handler = Decisions()
+    logger = logging.getLogger("botbouncer.decision")
+    old = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old)
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeDiscord]:
+    base, gateway = Route.BASE, DiscordWebSocket.DEFAULT_GATEWAY
+    async with FakeDiscord() as f:
+        f.add_bot(TOKEN_A, BOT_A, "alpha")
+        f.add_bot(TOKEN_B, BOT_B, "beta")
+        f.add_guild(
+            GUILD,
+            "test guild",
+            channels=[
+                text_channel(GENERAL, "general"),
+                text_channel(RANDOM, "random", position=1),
+                thread_channel(THREAD, "a thread", GENERAL),
+            ],
+            members=[
+                member(OWNER, "owner"),
+                member(ALICE, "alice"),
+                member(MOD, "mod", roles=[MOD_ROLE]),
+                member(OTHER_BOT, "otherbot", bot=True),
+            ],
+            roles=[role(MOD_ROLE, "mods", Perm.MANAGE_GUILD, mentionable=True)],
+            owner_id=OWNER,
+        )
+        yield f
+        assert f.unknown_routes == []
+    # the adapter gives discord.py's process-wide endpoints back when it stops
+    assert (base, gateway) == (Route.BASE, DiscordWebSocket.DEFAULT_GATEWAY)
+
+
+def bot(name: str, token: str, fake: FakeDiscord, **policy: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "platform": "discord",
+        "token": token,
+        "api_base": fake.api_base,
+        "backend": {"type": "echo"},
+        "guild_ids": [str(GUILD)],
+        "turns": {"soft_limit": 4, "hard_limit": 10},
+        **policy,
+    }
+
+
+@asynccontextmanager
+async def daemon(
+    fake: FakeDiscord, redis_url: str, prefix: str, *bots: dict[str, Any]
+) -> AsyncIterator[Daemon]:
+    config = {
+        "store": {"url": redis_url},
+        "http": {"listen": f"127.0.0.1:{free_port()}"},
+        "bots": list(bots),
+    }
+    d = Daemon(parse_config(yaml.safe_dump(config)))
+    assert isinstance(d.store, RedisStore)
+    d.store.prefix = prefix  # this test's keys only, deleted below
+    await d.start()
+    try:
+        for b in bots:
+            user = BOT_A if b["token"] == TOKEN_A else BOT_B
+            await fake.wait_connected(user)
+        yield d
+    finally:
+        await d.stop()
+        cleanup = RedisStore.from_url(redis_url, prefix=prefix)
+        await delete_prefix(cleanup, prefix)
+        await cleanup.close()
+
+
+@pytest.fixture
+def run(fake: FakeDiscord, redis_url: str, key_prefix: str) -> Callable[..., Any]:
+    def start(*bots: dict[str, Any]) -> Any:
+        return daemon(fake, redis_url, key_prefix, *bots)
+
+    return start
+
+
+def by(user: int, messages: list[RecordedMessage]) -> list[RecordedMessage]:
+    return [m for m in messages if m.author_id == user]
+
+
+async def soft_of(d: Daemon, channel: int, name: str = "alpha") -> int:
+    return (await d.server.admins[name].status(chat(channel))).soft
+
+
+async def test_a_mention_is_answered_and_the_reply_and_its_echo_are_one_turn(
+    fake: FakeDiscord, run: Callable[..., Any], decisions: Decisions
+) -> None:
+    async with run(bot("alpha", TOKEN_A, fake)) as d:
+        said = await fake.user_says(GENERAL, ALICE, f"<@{BOT_A}> hello there")
+        replies = by(BOT_A, await fake.wait_for_messages(GENERAL, 2))
+        assert [r.content for r in replies] == [f"<@{BOT_A}> hello there"]
+        reply = replies[0]
+        assert reply.message_reference is not None
+        assert int(reply.message_reference["message_id"]) == int(said["id"])
+        assert any(t.channel_id == GENERAL and t.user_id == BOT_A for t in fake.typing)
+        echo = await decisions.wait(reply.id, BOT_A)  # the reply coming back from the gateway
+        assert (echo["action"], echo["reason"], echo["soft"]) == ("drop", "own_message", 1)
+        assert await soft_of(d, GENERAL) == 1  # counted when sent; the echo added nothing
+        # an unaddressed human message is not answered
+        quiet = await fake.user_says(GENERAL, ALICE, "just chatting")
+        assert (await decisions.wait(quiet["id"], BOT_A))["reason"] == "not_addressed"
+        assert len(fake.messages(GENERAL)) == 3
+
+
+async def test_another_bots_message_is_counted_and_ignored_when_bot_messages_is_off(
+    fake: FakeDiscord, run: Callable[..., Any], decisions: Decisions
+) -> None:
+    async with run(bot("alpha", TOKEN_A, fake, bot_messages="off")) as d:
+        msg = await fake.user_says(GENERAL, OTHER_BOT, f"<@{BOT_A}> hey, bot to bot")
+        seen = await decisions.wait(msg["id"], BOT_A)
+        assert (seen["action"], seen["reason"], seen["soft"]) == ("drop", "bot_ignored", 1)
+        assert await soft_of(d, GENERAL) == 1
+        assert by(BOT_A, fake.messages(GENERAL)) == []
+
+
+async def test_a_pin_does_not_reset_and_a_thread_is_its_own_chat(
+    fake: FakeDiscord, run: Callable[..., Any], decisions: Decisions
+) -> None:
+    async with run(bot("alpha", TOKEN_A, fake)) as d:
+        for i in range(3):
+            m = await fake.user_says(GENERAL, OTHER_BOT, f"bot chatter {i}")
+            await decisions.wait(m["id"], BOT_A)
+        pin = await fake.user_says(
+            GENERAL, ALICE, "", message_type=MessageType.CHANNEL_PINNED_MESSAGE
+        )
+        seen = await decisions.wait(pin["id"], BOT_A)
+        assert (seen["reason"], seen["turn"], seen["soft"]) == ("system_message", "none", 3)
+        in_thread = await fake.user_says(THREAD, OTHER_BOT, "in the thread")
+        seen = await decisions.wait(in_thread["id"], BOT_A)
+        assert (seen["chat"], seen["soft"]) == (chat(THREAD), 1)
+        assert (await soft_of(d, GENERAL), await soft_of(d, THREAD)) == (3, 1)
+        human = await fake.user_says(THREAD, ALICE, "a person in the thread")
+        await decisions.wait(human["id"], BOT_A)
+        assert (await soft_of(d, GENERAL), await soft_of(d, THREAD)) == (3, 0)
+
+
+async def test_two_fronted_bots_on_one_redis_stop_at_the_soft_limit_with_one_warning(
+    fake: FakeDiscord, run: Callable[..., Any], decisions: Decisions
+) -> None:
+    """Two daemons, one bot each, answering each other's replies: 4 replies
+    (the soft limit), one warning, silence; a person speaks and they resume."""
+    policy = {
+        "bot_messages": "mentions",
+        "backend": {"type": "python", "callable": "tests.sample_backends:polite"},
+    }
+    async with (
+        run(bot("alpha", TOKEN_A, fake, **policy)) as da,
+        run(bot("beta", TOKEN_B, fake, **policy)),
+    ):
+        # names beta by bare id: only alpha is addressed, alpha's greeting starts the loop
+        await fake.user_says(GENERAL, ALICE, f"<@{BOT_A}> please greet {BOT_B}")
+        # 1 human message, 4 replies, 1 warning
+        messages = await fake.wait_for_messages(GENERAL, 6)
+        warning = messages[5]
+        assert "Bot turn limit reached (4/4)" in warning.content
+        for b in (BOT_A, BOT_B):  # both bots have decided on the warning: the chat is quiet
+            await decisions.wait(warning.id, b)
+        messages = fake.messages(GENERAL)
+        replies = [m for m in messages[1:] if m is not warning]
+        shown = [(m.author_id, m.content[:40]) for m in messages]
+        assert len(messages) == 6 and len(replies) == 4, shown
+        assert {m.author_id for m in replies} == {BOT_A, BOT_B}
+        assert sum("limit reached" in m.content for m in messages) == 1
+        assert not warning.pinged_users and not warning.pinged_everyone
+        assert await soft_of(da, GENERAL) == 5  # 4 replies + the warning, each counted once
+
+        again = await fake.user_says(GENERAL, ALICE, f"<@{BOT_A}> carry on, greet {BOT_B}")
+        resumed = await decisions.wait(again["id"], BOT_A)
+        assert (resumed["turn"], resumed["action"]) == ("reset", "reply")
+        await fake.wait_until(lambda: len(fake.messages(GENERAL)) >= 8, what="the resumed loop")
+
+
+async def test_a_long_reply_is_split_and_never_pings_everyone(
+    fake: FakeDiscord, run: Callable[..., Any], decisions: Decisions
+) -> None:
+    async with run(bot("alpha", TOKEN_A, fake)) as d:
+        text = f"<@{BOT_A}> @everyone " + "x" * 2500
+        await fake.user_says(GENERAL, OWNER, text)
+        pieces = by(BOT_A, await fake.wait_for_messages(GENERAL, 3))
+        assert [len(p.content) for p in pieces] == [2000, len(text) - 2000]
+        assert "".join(p.content for p in pieces) == text
+        assert not any(p.pinged_everyone or p.pinged_roles for p in pieces)
+        assert pieces[0].message_reference is not None and pieces[1].message_reference is None
+        for p in pieces:
+            await decisions.wait(p.id, BOT_A)
+        assert await soft_of(d, GENERAL) == 2  # two messages on Discord: two bot turns
+
+
+async def test_bouncer_commands_reset_for_admins_refuse_others_and_explain(
+    fake: FakeDiscord, run: Callable[..., Any], decisions: Decisions
+) -> None:
+    async with run(bot("alpha", TOKEN_A, fake, bot_messages="mentions")) as d:
+        synced = fake.commands[(BOT_A, GUILD)]
+        assert [c["name"] for c in synced] == ["bouncer"]
+        assert int(synced[0]["default_member_permissions"]) == Perm.MANAGE_GUILD
+        for i in range(5):  # another bot talks the channel past the soft limit
+            m = await fake.user_says(GENERAL, OTHER_BOT, f"chatter {i}")
+            await decisions.wait(m["id"], BOT_A)
+        ask = await fake.user_says(GENERAL, OTHER_BOT, f"<@{BOT_A}> answer me")
+        assert (await decisions.wait(ask["id"], BOT_A))["reason"] == "turn_throttled"
+
+        refused = await (
+            await fake.invoke(BOT_A, GUILD, GENERAL, ALICE, ["bouncer", "reset"])
+        ).response()
+        assert refused.ephemeral and "Only server managers" in (refused.content or "")
+        assert await soft_of(d, GENERAL) == 6  # nothing changed
+
+        why = await (await fake.invoke(BOT_A, GUILD, GENERAL, MOD, ["bouncer", "why"])).response()
+        assert why.ephemeral and "turn_throttled" in (why.content or "")
+        assert f"msg {ask['id']}" in (why.content or "")
+
+        done = await (
+            await fake.invoke(BOT_A, GUILD, GENERAL, MOD, ["bouncer", "reset"])
+        ).response()
+        assert done.ephemeral and (done.content or "").startswith("Reset")
+        assert await soft_of(d, GENERAL) == 0
+        ask = await fake.user_says(GENERAL, OTHER_BOT, f"<@{BOT_A}> answer me now")
+        assert (await decisions.wait(ask["id"], BOT_A))["action"] == "reply"
+
+        limits = await (
+            await fake.invoke(BOT_A, GUILD, GENERAL, OWNER, ["bouncer", "limits"], {"soft": 2})
+        ).response()
+        assert "soft=2" in (limits.content or "")
+        status = await (
+            await fake.invoke(BOT_A, GUILD, GENERAL, MOD, ["bouncer", "status"])
+        ).response()
+        assert "/2 soft" in (status.content or "")
