@@ -330,3 +330,27 @@ async def test_bouncer_commands_reset_for_admins_refuse_others_and_explain(
             await fake.invoke(BOT_A, GUILD, GENERAL, MOD, ["bouncer", "status"])
         ).response()
         assert "/2 soft" in (status.content or "")
+
+
+async def test_rate_limits_and_reconnects_stay_discord_pys_and_nothing_doubles(
+    fake: FakeDiscord, run: Callable[..., Any], decisions: Decisions
+) -> None:
+    """A 429 on the send is retried by discord.py (one reply, not two); a
+    dropped gateway connection is resumed and the next mention is answered once."""
+    async with run(bot("alpha", TOKEN_A, fake)) as d:
+        fake.rate_limit_next("POST", f"/channels/{GENERAL}/messages")
+        await fake.user_says(GENERAL, ALICE, f"<@{BOT_A}> through a 429")
+        replies = by(BOT_A, await fake.wait_for_messages(GENERAL, 2))
+        assert len(fake.rate_limited) == 1 and len(replies) == 1
+        await decisions.wait(replies[0].id, BOT_A)
+
+        assert await fake.disconnect(BOT_A) == 1
+        await fake.wait_until(
+            lambda: any(s.resumes for s in fake.connected(BOT_A)), what="a resumed session"
+        )
+        said = await fake.user_says(GENERAL, ALICE, f"<@{BOT_A}> after the reconnect")
+        messages = await fake.wait_for_messages(GENERAL, 4)
+        assert [m.content for m in by(BOT_A, messages)][-1] == said["content"]
+        await decisions.wait(by(BOT_A, messages)[-1].id, BOT_A)
+        assert len(by(BOT_A, fake.messages(GENERAL))) == 2
+        assert await soft_of(d, GENERAL) == 1  # the person reset the count; the one reply
