@@ -28,8 +28,10 @@ from tests.fakes.discord import (
     MessageType,
     Perm,
     RecordedMessage,
+    guild_id_for_shard,
     member,
     role,
+    shard_of,
     text_channel,
     thread_channel,
 )
@@ -354,3 +356,39 @@ async def test_rate_limits_and_reconnects_stay_discord_pys_and_nothing_doubles(
         await decisions.wait(by(BOT_A, messages)[-1].id, BOT_A)
         assert len(by(BOT_A, fake.messages(GENERAL))) == 2
         assert await soft_of(d, GENERAL) == 1  # the person reset the count; the one reply
+
+
+async def test_a_dm_is_always_addressed(
+    fake: FakeDiscord, run: Callable[..., Any], decisions: Decisions
+) -> None:
+    dm = 1_300_000_000_000_000_009
+    fake.add_dm(dm, fake.users[ALICE], bot_id=BOT_A)
+    async with run(bot("alpha", TOKEN_A, fake)):
+        said = await fake.user_says(dm, ALICE, "no mention needed here")
+        seen = await decisions.wait(said["id"], BOT_A)
+        assert (seen["chat"], seen["action"]) == (chat(dm), "reply")
+        replies = by(BOT_A, await fake.wait_for_messages(dm, 2))
+        assert [r.content for r in replies] == ["no mention needed here"]
+
+
+async def test_a_process_runs_only_its_shards(
+    fake: FakeDiscord, run: Callable[..., Any], decisions: Decisions
+) -> None:
+    """shard_count 2, shard_ids [the shard of GUILD]: that guild's messages
+    arrive here; a guild owned by the other shard belongs to another process."""
+    mine = shard_of(GUILD, 2)
+    other_guild = guild_id_for_shard(1 - mine, 2)
+    other_channel = 1_300_000_000_000_000_008
+    fake.add_guild(
+        other_guild, "elsewhere", channels=[text_channel(other_channel, "x")],
+        members=[member(ALICE, "alice")],
+    )  # fmt: skip
+    async with run(bot("alpha", TOKEN_A, fake, shard_count=2, shard_ids=[mine])) as d:
+        [session] = fake.connected(BOT_A)
+        assert (session.shard_id, session.shard_count) == (mine, 2)
+        elsewhere = await fake.user_says(other_channel, ALICE, f"<@{BOT_A}> not for this shard")
+        here = await fake.user_says(GENERAL, ALICE, f"<@{BOT_A}> for this shard")
+        assert (await decisions.wait(here["id"], BOT_A))["action"] == "reply"
+        delivered = [x.data["id"] for x in fake.dispatched("MESSAGE_CREATE", BOT_A)]
+        assert here["id"] in delivered and elsewhere["id"] not in delivered
+        assert await soft_of(d, other_channel) == 0
