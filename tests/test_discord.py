@@ -24,36 +24,30 @@ from gateway.daemon import Daemon
 from gateway.store.redis import RedisStore
 from tests.conftest import delete_prefix
 from tests.fakes.discord import (
+    ALICE,
+    BOT_A,
+    BOT_B,
+    GENERAL,
+    GUILD,
+    MOD,
+    OTHER_BOT,
+    OWNER,
+    THREAD,
+    TOKEN_A,
+    TOKEN_B,
     FakeDiscord,
     MessageType,
     Perm,
     RecordedMessage,
     guild_id_for_shard,
     member,
-    role,
+    populate,
     shard_of,
     text_channel,
-    thread_channel,
 )
 from tests.redis_server import free_port
 
 pytestmark = pytest.mark.timeout(60)
-
-TOKEN_A, TOKEN_B = "token-alpha", "token-beta"
-BOT_A, BOT_B = 1_200_000_000_000_000_001, 1_200_000_000_000_000_002
-GUILD = 1_100_000_000_000_000_000
-GENERAL, RANDOM, THREAD = (
-    1_300_000_000_000_000_001,
-    1_300_000_000_000_000_002,
-    1_300_000_000_000_000_003,
-)
-OWNER, ALICE, MOD, OTHER_BOT = (
-    1_400_000_000_000_000_001,
-    1_400_000_000_000_000_002,
-    1_400_000_000_000_000_003,
-    1_400_000_000_000_000_004,
-)
-MOD_ROLE = 1_500_000_000_000_000_001
 
 
 def chat(channel: int) -> str:
@@ -110,25 +104,7 @@ async def decisions() -> AsyncIterator[Decisions]:
 async def fake() -> AsyncIterator[FakeDiscord]:
     base, gateway = Route.BASE, DiscordWebSocket.DEFAULT_GATEWAY
     async with FakeDiscord() as f:
-        f.add_bot(TOKEN_A, BOT_A, "alpha")
-        f.add_bot(TOKEN_B, BOT_B, "beta")
-        f.add_guild(
-            GUILD,
-            "test guild",
-            channels=[
-                text_channel(GENERAL, "general"),
-                text_channel(RANDOM, "random", position=1),
-                thread_channel(THREAD, "a thread", GENERAL),
-            ],
-            members=[
-                member(OWNER, "owner"),
-                member(ALICE, "alice"),
-                member(MOD, "mod", roles=[MOD_ROLE]),
-                member(OTHER_BOT, "otherbot", bot=True),
-            ],
-            roles=[role(MOD_ROLE, "mods", Perm.MANAGE_GUILD, mentionable=True)],
-            owner_id=OWNER,
-        )
+        populate(f)
         yield f
         assert f.unknown_routes == []
     # the adapter gives discord.py's process-wide endpoints back when it stops

@@ -2007,3 +2007,46 @@ def pointed_at(fake: FakeDiscord) -> Iterator[None]:
     finally:
         Route.BASE = old_base
         DiscordWebSocket.DEFAULT_GATEWAY = old_gateway
+
+
+# -- a small world the tests share: two bots, one guild, a person, a mod, a bot ----
+
+TOKEN_A, TOKEN_B = "token-alpha", "token-beta"
+BOT_A, BOT_B = 1_200_000_000_000_000_001, 1_200_000_000_000_000_002
+GUILD = 1_100_000_000_000_000_000
+GENERAL, RANDOM, THREAD = (
+    1_300_000_000_000_000_001,
+    1_300_000_000_000_000_002,
+    1_300_000_000_000_000_003,
+)
+OWNER, ALICE, MOD, OTHER_BOT = (
+    1_400_000_000_000_000_001,
+    1_400_000_000_000_000_002,
+    1_400_000_000_000_000_003,
+    1_400_000_000_000_000_004,
+)
+MOD_ROLE = 1_500_000_000_000_000_001
+
+
+def populate(fake: FakeDiscord) -> None:
+    """Bots alpha (BOT_A) and beta (BOT_B); guild GUILD with #general, #random and
+    a thread under #general; members owner, alice, mod (Manage Server) and otherbot."""
+    fake.add_bot(TOKEN_A, BOT_A, "alpha")
+    fake.add_bot(TOKEN_B, BOT_B, "beta")
+    fake.add_guild(
+        GUILD,
+        "test guild",
+        channels=[
+            text_channel(GENERAL, "general"),
+            text_channel(RANDOM, "random", position=1),
+            thread_channel(THREAD, "a thread", GENERAL),
+        ],
+        members=[
+            member(OWNER, "owner"),
+            member(ALICE, "alice"),
+            member(MOD, "mod", roles=[MOD_ROLE]),
+            member(OTHER_BOT, "otherbot", bot=True),
+        ],
+        roles=[role(MOD_ROLE, "mods", Perm.MANAGE_GUILD, mentionable=True)],
+        owner_id=OWNER,
+    )

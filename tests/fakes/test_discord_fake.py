@@ -15,37 +15,33 @@ from discord.gateway import DiscordWebSocket
 from discord.http import Route
 
 from tests.fakes.discord import (
+    ALICE,
+    BOT_A,
+    BOT_B,
     EPHEMERAL,
+    GENERAL,
+    GUILD,
+    MOD,
+    MOD_ROLE,
+    OTHER_BOT,
+    OWNER,
+    RANDOM,
+    THREAD,
+    TOKEN_A,
+    TOKEN_B,
     FakeDiscord,
     Intent,
     MessageType,
-    Perm,
     guild_id_for_shard,
     member,
     pointed_at,
-    role,
+    populate,
     shard_of,
     text_channel,
-    thread_channel,
 )
 
 pytestmark = pytest.mark.timeout(30)
 
-TOKEN_A, TOKEN_B = "token-alpha", "token-beta"
-BOT_A, BOT_B = 1_200_000_000_000_000_001, 1_200_000_000_000_000_002
-GUILD = 1_100_000_000_000_000_000
-GENERAL, RANDOM, THREAD = (
-    1_300_000_000_000_000_001,
-    1_300_000_000_000_000_002,
-    1_300_000_000_000_000_003,
-)
-OWNER, ALICE, MOD, OTHER_BOT = (
-    1_400_000_000_000_000_001,
-    1_400_000_000_000_000_002,
-    1_400_000_000_000_000_003,
-    1_400_000_000_000_000_004,
-)
-MOD_ROLE = 1_500_000_000_000_000_001
 
 INTENTS = discord.Intents.default() | discord.Intents(message_content=True)
 T = TypeVar("T")
@@ -122,25 +118,7 @@ async def running(client: C, token: str) -> AsyncIterator[C]:
 async def fake() -> AsyncIterator[FakeDiscord]:
     base, gateway = Route.BASE, DiscordWebSocket.DEFAULT_GATEWAY
     async with FakeDiscord() as f:
-        f.add_bot(TOKEN_A, BOT_A, "alpha")
-        f.add_bot(TOKEN_B, BOT_B, "beta")
-        f.add_guild(
-            GUILD,
-            "test guild",
-            channels=[
-                text_channel(GENERAL, "general"),
-                text_channel(RANDOM, "random", position=1),
-                thread_channel(THREAD, "a thread", GENERAL),
-            ],
-            members=[
-                member(OWNER, "owner"),
-                member(ALICE, "alice"),
-                member(MOD, "mod", roles=[MOD_ROLE]),
-                member(OTHER_BOT, "otherbot", bot=True),
-            ],
-            roles=[role(MOD_ROLE, "mods", Perm.MANAGE_GUILD, mentionable=True)],
-            owner_id=OWNER,
-        )
+        populate(f)
         with pointed_at(f):
             yield f
         assert f.unknown_routes == []
