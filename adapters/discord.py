@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -38,6 +38,13 @@ MESSAGE_LIMIT = 2000  # Discord's per-message character limit
 # @everyone, @here or a role: a bot echoing "@everyone" must not page a server.
 SAFE_MENTIONS = discord.AllowedMentions(everyone=False, roles=False, users=True, replied_user=True)
 NO_MENTIONS = discord.AllowedMentions.none()
+# The /bouncer subcommands that take no options.
+SIMPLE_COMMANDS = {
+    "status": "Turn counters, limits, pause and cooldowns",
+    "reset": "Zero the turn counters and cooldowns",
+    "pause": "No bot answers here until resumed",
+    "resume": "Bots answer here again",
+}
 
 # discord.py keeps the REST base and the default gateway as class attributes,
 # so every Discord bot of one process must use the same endpoints.
@@ -241,6 +248,12 @@ class DiscordAdapter:
 
     # -- admin commands -----------------------------------------------------------
 
+    def _simple(self, command: str) -> Callable[[discord.Interaction], Coroutine[Any, Any, None]]:
+        async def run(interaction: discord.Interaction) -> None:
+            await self._admin(interaction, command)
+
+        return run
+
     def _add_commands(self) -> None:
         group = app_commands.Group(
             name="bouncer",
@@ -249,21 +262,12 @@ class DiscordAdapter:
             guild_only=True,
         )
 
-        @group.command(name="status", description="Turn counters, limits, pause and cooldowns")
-        async def status(interaction: discord.Interaction) -> None:
-            await self._admin(interaction, "status")
-
-        @group.command(name="reset", description="Zero the turn counters and cooldowns")
-        async def reset(interaction: discord.Interaction) -> None:
-            await self._admin(interaction, "reset")
-
-        @group.command(name="pause", description="No bot answers here until resumed")
-        async def pause(interaction: discord.Interaction) -> None:
-            await self._admin(interaction, "pause")
-
-        @group.command(name="resume", description="Bots answer here again")
-        async def resume(interaction: discord.Interaction) -> None:
-            await self._admin(interaction, "resume")
+        for name, description in SIMPLE_COMMANDS.items():
+            group.add_command(
+                app_commands.Command(
+                    name=name, description=description, callback=self._simple(name)
+                )
+            )
 
         @group.command(name="limits", description="Show or override this channel's limits")
         @app_commands.describe(

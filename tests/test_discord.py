@@ -62,12 +62,15 @@ class Decisions(logging.Handler):
         self.seen: list[dict[str, Any]] = []
         self.changed = asyncio.Condition()
         self.loop = asyncio.get_running_loop()
+        self._notes: set[asyncio.Task[None]] = set()  # held until done
 
     def emit(self, record: logging.LogRecord) -> None:
         decision = getattr(record, "decision", None)
         if decision is not None:
             self.seen.append(decision)
-            self.loop.create_task(self._notify())
+            task = self.loop.create_task(self._notify())
+            self._notes.add(task)
+            task.add_done_callback(self._notes.discard)
 
     async def _notify(self) -> None:
         async with self.changed:
@@ -276,6 +279,8 @@ async def test_bouncer_commands_reset_for_admins_refuse_others_and_explain(
         synced = fake.commands[(BOT_A, GUILD)]
         assert [c["name"] for c in synced] == ["bouncer"]
         assert int(synced[0]["default_member_permissions"]) == Perm.MANAGE_GUILD
+        subcommands = sorted(o["name"] for o in synced[0]["options"])
+        assert subcommands == ["limits", "pause", "reset", "resume", "status", "why"]
         for i in range(5):  # another bot talks the channel past the soft limit
             m = await fake.user_says(GENERAL, OTHER_BOT, f"chatter {i}")
             await decisions.wait(m["id"], BOT_A)
