@@ -22,11 +22,11 @@ from discord import app_commands
 from discord.gateway import DiscordWebSocket
 from discord.http import Route
 
+from adapters.common import SendFailed, deliver, handle_event, split_message
 from gateway.admin import Admin, AdminError
 from gateway.config import BotConfig
 from gateway.daemon import StartupError
 from gateway.http import HttpServer
-from gateway.inflight import ShuttingDown
 from gateway.model import Action, Author, ChatKind, ChatRef, Decision, Message
 from gateway.pipeline import Gateway
 from gateway.store import StoreError
@@ -51,25 +51,6 @@ SIMPLE_COMMANDS = {
 _DEFAULT_BASE = Route.BASE
 _DEFAULT_GATEWAY = DiscordWebSocket.DEFAULT_GATEWAY
 _endpoints: dict[str, tuple[str, str | None]] = {}  # running bot -> (REST base, gateway)
-
-
-def split_message(text: str, limit: int = MESSAGE_LIMIT) -> list[str]:
-    """Pieces of at most `limit` characters, cut at a line break or a space
-    when one is in the second half of the piece, else hard."""
-    pieces: list[str] = []
-    while len(text) > limit:
-        cut = text.rfind("\n", limit // 2, limit + 1)
-        if cut < 0:
-            cut = text.rfind(" ", limit // 2, limit + 1)
-        if cut < 0:
-            pieces.append(text[:limit])
-            text = text[limit:]
-        else:
-            pieces.append(text[:cut])
-            text = text[cut + 1 :]
-    if text.strip():
-        pieces.append(text)
-    return pieces
 
 
 def to_message(m: discord.Message) -> Message:
@@ -141,6 +122,9 @@ class DiscordAdapter:
         except Exception as exc:  # discord.py gave up (bad intents, bad shard): say so
             log.error("bot %s: the Discord connection ended: %s", self.bot.name, exc)
 
+    async def stop_intake(self) -> None:
+        """Nothing to do: events that arrive while stopping are logged, not handled."""
+
     async def stop(self) -> None:
         await self.client.close()
         if self._task is not None:
@@ -184,14 +168,7 @@ class DiscordAdapter:
     # -- messages ---------------------------------------------------------------
 
     async def on_message(self, message: discord.Message) -> None:
-        try:
-            with self.gateway.inflight.track():
-                await self._handle(message)
-        except ShuttingDown:
-            log.info("bot %s: message %s arrived while stopping; not handled",
-                     self.bot.name, message.id)  # fmt: skip
-        except StoreError as exc:
-            log.error("bot %s: message %s not handled: %s", self.bot.name, message.id, exc)
+        await handle_event(self.gateway, f"message {message.id}", lambda: self._handle(message))
 
     async def _handle(self, message: discord.Message) -> None:
         channel = message.channel
@@ -212,24 +189,20 @@ class DiscordAdapter:
         *,
         warning: bool = False,
     ) -> None:
-        """Send each piece and count it as this bot's turn under its message id.
-        A failed first send gives the slot back; no retry (429s are discord.py's)."""
-        first = not warning
-        sent_any = False
-        for text in texts:
-            for piece in split_message(text):
-                try:
-                    sent = await channel.send(piece, allowed_mentions=mentions, reference=reference)
-                except discord.HTTPException as exc:
-                    if not sent_any and not warning:
-                        await self.gateway.unsent(d, f"Discord refused the message: {exc}")
-                    else:
-                        log.warning("bot %s: sending to %s failed: %s", self.bot.name,
-                                    channel.id, exc)  # fmt: skip
-                    return
-                reference = None  # only the first piece is a reply
-                await self.gateway.sent(d, str(sent.id), piece, first=first)
-                first, sent_any = False, True
+        """Send each piece (the first as a reply) and count it under its id.
+        No retry here: discord.py retries 429s, which delivered nothing."""
+
+        async def send(piece: str, index: int) -> str:
+            try:
+                sent = await channel.send(
+                    piece, allowed_mentions=mentions, reference=reference if index == 0 else None
+                )
+            except discord.HTTPException as exc:
+                raise SendFailed(f"Discord refused the message: {exc}") from None
+            return str(sent.id)
+
+        pieces = [p for text in texts for p in split_message(text, MESSAGE_LIMIT)]
+        await deliver(self.gateway, d, pieces, send, warning=warning)
 
     @asynccontextmanager
     async def _typing(self, channel: Any) -> AsyncIterator[None]:

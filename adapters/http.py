@@ -33,6 +33,9 @@ class HttpAdapter:
     async def start(self) -> None:
         self.server.add_ingress(self.bot.name, self.handle)
 
+    async def stop_intake(self) -> None:
+        """Nothing to do: the daemon's listener closes."""
+
     async def stop(self) -> None:
         self.server.remove_ingress(self.bot.name)
 

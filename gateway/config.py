@@ -394,6 +394,41 @@ class AdminsConfig(_Model):
 
 Platform: TypeAlias = Literal["discord", "telegram", "http"]
 
+_SECRET_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
+
+
+class TelegramConfig(_Model):
+    """Telegram only: long polling unless `webhook_url` is set. In webhook mode
+    Telegram POSTs updates to `webhook_url`, which must reach the daemon's
+    `POST /v1/webhooks/<bot name>`, and every update must carry `secret_token`."""
+
+    webhook_url: OptionalStr = None
+    secret_token: OptionalSecret = None
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _webhook_url(cls, value: str | None) -> str | None:
+        return _check_http_url(value)
+
+    @field_validator("secret_token")
+    @classmethod
+    def _secret(cls, value: SecretStr | None) -> SecretStr | None:
+        # Telegram's own rule; never echo the value.
+        if value is not None and not _SECRET_TOKEN.match(value.get_secret_value()):
+            raise ValueError("must be 1-256 characters of A-Z, a-z, 0-9, _ and -")
+        return value
+
+    @model_validator(mode="after")
+    def _pair(self) -> TelegramConfig:
+        if self.webhook_url is not None and self.secret_token is None:
+            raise ValueError(
+                "webhook_url needs secret_token: without it anyone who finds the URL "
+                "can post updates"
+            )
+        if self.secret_token is not None and self.webhook_url is None:
+            raise ValueError("secret_token is only used with webhook_url")
+        return self
+
 
 class BotConfig(Policy):
     """One bot behind the gateway: its identity, platform, backend and policy.
@@ -414,13 +449,24 @@ class BotConfig(Policy):
     shard_count: Int | None = Field(default=None, ge=1, le=MAX_COUNT)
     shard_ids: tuple[Annotated[Int, Field(ge=0)], ...] | None = None
     guild_ids: Ids = ()
+    telegram: TelegramConfig = TelegramConfig()
 
-    @field_validator("gateway_url", "shard_count", "shard_ids", "guild_ids")
+    @field_validator("gateway_url", "shard_count", "shard_ids", "guild_ids", "telegram")
     @classmethod
-    def _discord_only(cls, value: Any, info: ValidationInfo) -> Any:
+    def _platform_only(cls, value: Any, info: ValidationInfo) -> Any:
+        owner = "Telegram" if info.field_name == "telegram" else "Discord"
         platform = info.data.get("platform")
-        if value not in (None, ()) and platform is not None and platform != "discord":
-            raise ValueError(f"is a Discord setting; this bot's platform is {platform}")
+        unset = value in (None, ()) or value == TelegramConfig()
+        if not unset and platform is not None and platform != owner.lower():
+            raise ValueError(f"is a {owner} setting; this bot's platform is {platform}")
+        return value
+
+    @field_validator("admins")
+    @classmethod
+    def _admins(cls, value: AdminsConfig, info: ValidationInfo) -> AdminsConfig:
+        platform = info.data.get("platform")
+        if value.role_ids and platform is not None and platform != "discord":
+            raise ValueError(f"role_ids: {platform} has no roles; list people under user_ids")
         return value
 
     @field_validator("gateway_url")

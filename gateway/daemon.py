@@ -37,6 +37,9 @@ log = logging.getLogger("botbouncer")
 class Adapter(Protocol):
     async def start(self) -> None: ...
 
+    async def stop_intake(self) -> None:
+        """Take no more messages from the platform (the first step of a stop)."""
+
     async def stop(self) -> None: ...
 
 
@@ -209,6 +212,8 @@ class Daemon:
     async def stop(self) -> None:
         """Take no new messages, let those in flight finish within the grace
         period (cancelling the rest releases their slots), then close."""
+        for adapter in self.adapters:
+            await adapter.stop_intake()
         self.inflight.close()
         if self._runner is not None:
             for site in list(self._runner.sites):

@@ -32,6 +32,9 @@ PLATFORMS = ("http", "discord", "telegram")
 # An ingress handler gets the decoded JSON body and answers (status, JSON body).
 IngressHandler = Callable[[Any], Awaitable[tuple[int, dict[str, Any]]]]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# A platform webhook (Telegram's setWebhook) gets the request itself: it checks
+# the platform's own authentication before reading the body.
+WebhookHandler = Callable[[web.Request], Awaitable[web.Response]]
 
 
 class BadRequest(Exception):
@@ -61,6 +64,7 @@ class HttpServer:
         self.metrics = metrics if metrics is not None else Metrics()
         self.admin_token = admin_token
         self.ingress: dict[str, IngressHandler] = {}
+        self.webhooks: dict[str, WebhookHandler] = {}
         # Every configured bot, in config order: whose limits an admin command reads.
         self.admins: dict[str, Admin] = {}
         self.app = web.Application(client_max_size=MAX_BODY, middlewares=[self._errors])
@@ -68,6 +72,7 @@ class HttpServer:
         r.add_get("/healthz", self._healthz)
         r.add_get("/metrics", self._metrics)
         r.add_post("/v1/bots/{bot}/messages", self._message)
+        r.add_post("/v1/webhooks/{bot}", self._webhook)
         # `[^/]+`: a chat id may hold braces, which aiohttp's default pattern refuses.
         chat = "/v1/admin/chats/{chat:[^/]+}"
         r.add_get(chat, self._admin_status)
@@ -80,6 +85,12 @@ class HttpServer:
 
     def remove_ingress(self, bot: str) -> None:
         self.ingress.pop(bot, None)
+
+    def add_webhook(self, bot: str, handler: WebhookHandler) -> None:
+        self.webhooks[bot] = handler
+
+    def remove_webhook(self, bot: str) -> None:
+        self.webhooks.pop(bot, None)
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -123,8 +134,14 @@ class HttpServer:
         if handler is None:
             known = ", ".join(sorted(self.ingress)) or "none"
             return error(404, f"no http bot named {bot!r} (http bots: {known})")
-        status, payload = await handler(await _json_body(request))
+        status, payload = await handler(await json_body(request))
         return reply(payload, status)
+
+    async def _webhook(self, request: web.Request) -> web.Response:
+        handler = self.webhooks.get(request.match_info["bot"])
+        if handler is None:
+            return error(404, "no bot here takes webhooks under that name")
+        return await handler(request)
 
     # -- admin API ---------------------------------------------------------
 
@@ -180,7 +197,7 @@ class HttpServer:
 
     async def _admin_limits(self, request: web.Request) -> web.Response:
         admin, chat = self._target(request)
-        body = await _json_body(request)
+        body = await json_body(request)
         if not isinstance(body, dict):
             raise BadRequest('body: must be a JSON object such as {"soft_limit": 10}')
         await admin.set_limits(chat, _actor(request), overrides_from(body))
@@ -204,7 +221,7 @@ class _Refused(Exception):
         self.status = status
 
 
-async def _json_body(request: web.Request) -> Any:
+async def json_body(request: web.Request) -> Any:
     raw = await request.read()
     if not raw.strip():
         raise BadRequest("empty body: send a JSON object")

@@ -47,6 +47,10 @@ class InFlight:
             elif not self._tasks:
                 self._idle.set()
 
+    async def idle(self) -> None:
+        """Until nothing is in flight (what was being handled is done)."""
+        await self._idle.wait()
+
     def close(self) -> None:
         """Refuse new work from now on; work already tracked may go on."""
         self.closed = True

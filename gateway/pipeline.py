@@ -259,6 +259,21 @@ class Gateway:
             )
         )
 
+    async def note(self, chat: str, message_id: str, text: str) -> None:
+        """The adapter posted `text` outside the conversation (an admin
+        command's answer): file its id so that no gateway on this store counts
+        it as a turn or answers it, however it is observed later."""
+        aside = Observed(chat, message_id, self.bot_id, self.bot.name, Count.NONE, text)
+        await self.store.record_sent(
+            SentRequest(
+                msg=aside,
+                bot=self.bot_id,
+                limits=self.limits(ChatKind.GROUP),
+                log=None,
+                now_ms=self.now_ms(),
+            )
+        )
+
     async def unsent(self, decision: Decision, error: str) -> None:
         """The adapter could not send the reply: release the slot, log it."""
         log.warning("sending the reply to %s failed: %s", decision.message_id, error)

@@ -22,6 +22,7 @@ import redis.asyncio as aioredis
 
 from gateway.store import MemoryStore, Store
 from gateway.store.redis import RedisStore
+from tests.decisions import Decisions, capture
 from tests.redis_server import RedisServer, answers
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/15"
@@ -97,3 +98,10 @@ async def delete_prefix(store: Store, prefix: str) -> None:
 @pytest.fixture
 async def store(stores: StoreFactory) -> Store:
     return (await stores(1))[0]
+
+
+@pytest.fixture
+async def decisions() -> AsyncIterator[Decisions]:
+    """The decisions daemons in this test log, awaitable by message id and bot."""
+    async with capture() as handler:
+        yield handler

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 from gateway.model import Message
@@ -46,3 +47,34 @@ async def polite(msg: Message) -> str:
         return f"<@{msg.author.id}> thank you!"
     named = re.search(r"(?<![@\d])(\d{17,20})\b", msg.text)
     return f"<@{named.group(1)}> hello!" if named else "hello!"
+
+
+async def greeter(msg: Message) -> str:
+    """For the Telegram tests: greet whom a person names with "greet NAME";
+    thank a bot (a Telegram reply addresses it) - two bots running it never stop."""
+    if msg.author.is_bot:
+        return "thank you!"
+    named = re.search(r"\bgreet (\w+)", msg.text)
+    return f"hello @{named.group(1)}!" if named else "hello!"
+
+
+async def long_reply(msg: Message) -> str:
+    """5,000 characters: more than one Telegram message (4,096)."""
+    return ("lorem ipsum " * 417)[:5000]
+
+
+GATE: asyncio.Event | None = None
+
+
+def new_gate() -> asyncio.Event:
+    """A fresh gate for `gated` in this test's event loop."""
+    global GATE
+    GATE = asyncio.Event()
+    return GATE
+
+
+async def gated(msg: Message) -> str:
+    """Answers once the test opens the gate: a backend that is still working."""
+    assert GATE is not None, "call new_gate() first"
+    await GATE.wait()
+    return "worked on it"

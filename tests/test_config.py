@@ -155,7 +155,8 @@ def test_empty_sections_mean_all_defaults() -> None:
 
 
 def test_admin_ids_given_as_numbers_become_strings() -> None:
-    text = ONE_BOT + "    admins: {user_ids: [42, '7'], role_ids: [99]}\n"
+    text = ONE_BOT.replace("platform: http", "platform: discord") + "    token: t\n"
+    text += "    admins: {user_ids: [42, '7'], role_ids: [99]}\n"
     admins = parse_config(text).bots[0].admins
     assert admins.user_ids == ("42", "7")
     assert admins.role_ids == ("99",)
@@ -621,3 +622,68 @@ def test_discord_settings_are_checked(extra: str, problem: str) -> None:
         bot = f"{{name: x, platform: discord, token: t, backend: {{type: echo}}, {extra}}}"
         parse_config(f"bots:\n  - {bot}\n")
     assert err.value.problems[0].startswith(problem)
+
+
+TELEGRAM = "{name: t, platform: telegram, token: tok, backend: {type: echo}"
+
+
+def test_a_telegram_bot_polls_unless_a_webhook_is_configured() -> None:
+    bot = parse_config(f"bots:\n  - {TELEGRAM}}}\n").bots[0]
+    assert bot.telegram.webhook_url is None
+    text = f"bots:\n  - {TELEGRAM}, telegram: {{webhook_url: 'https://b.example/tg', "
+    text += "secret_token: '${TG_SECRET}'}}\n"
+    hooked = parse_config(text, env={"TG_SECRET": "s3cr-et_"}).bots[0].telegram
+    assert hooked.webhook_url == "https://b.example/tg"
+    assert hooked.secret_token is not None
+    assert hooked.secret_token.get_secret_value() == "s3cr-et_"
+    assert "s3cr-et_" not in repr(hooked)
+
+
+@pytest.mark.parametrize(
+    ("extra", "problem"),
+    [
+        (
+            "telegram: {webhook_url: 'https://b.example/tg'}",
+            "bots[0].telegram: webhook_url needs secret_token: without it anyone who finds "
+            "the URL can post updates",
+        ),
+        (
+            "telegram: {secret_token: abc}",
+            "bots[0].telegram: secret_token is only used with webhook_url",
+        ),
+        (
+            "telegram: {webhook_url: 'https://b.example/tg', secret_token: 'a b'}",
+            "bots[0].telegram.secret_token: must be 1-256 characters of A-Z, a-z, 0-9, _ and -",
+        ),
+        (
+            "telegram: {webhook_url: 'ftp://b.example/tg', secret_token: ab}",
+            "bots[0].telegram.webhook_url: must be an http:// or https:// URL",
+        ),
+        (
+            "telegram: {webhook: 'https://b.example/tg'}",
+            "bots[0].telegram.webhook: unknown key",
+        ),
+        (
+            "admins: {role_ids: [5]}",
+            "bots[0].admins: role_ids: telegram has no roles; list people under user_ids",
+        ),
+        (
+            "guild_ids: [1]",
+            "bots[0].guild_ids: is a Discord setting; this bot's platform is telegram",
+        ),
+    ],
+)
+def test_telegram_settings_are_checked(extra: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(f"bots:\n  - {TELEGRAM}, {extra}}}\n")
+    assert err.value.problems == [problem]
+
+
+def test_telegram_settings_belong_to_telegram_bots() -> None:
+    text = "bots:\n  - {name: x, platform: http, backend: {type: echo}, "
+    text += "telegram: {webhook_url: 'https://b.example/tg', secret_token: ab}}\n"
+    with pytest.raises(ConfigError) as err:
+        parse_config(text)
+    assert err.value.problems == [
+        "bots[0].telegram: is a Telegram setting; this bot's platform is http"
+    ]

@@ -8,21 +8,17 @@ platform side through the fake's recorded messages: nothing sleeps.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
-import yaml
 from discord.gateway import DiscordWebSocket
 from discord.http import Route
 
-from gateway.config import parse_config
 from gateway.daemon import Daemon
-from gateway.store.redis import RedisStore
-from tests.conftest import delete_prefix
+from tests.daemons import running
+from tests.decisions import Decisions
 from tests.fakes.discord import (
     ALICE,
     BOT_A,
@@ -45,62 +41,12 @@ from tests.fakes.discord import (
     shard_of,
     text_channel,
 )
-from tests.redis_server import free_port
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def chat(channel: int) -> str:
     return f"discord:{channel}"
-
-
-class Decisions(logging.Handler):
-    """Every decision the pipeline logs, awaitable by message id and bot."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.seen: list[dict[str, Any]] = []
-        self.changed = asyncio.Condition()
-        self.loop = asyncio.get_running_loop()
-        self._notes: set[asyncio.Task[None]] = set()  # held until done
-
-    def emit(self, record: logging.LogRecord) -> None:
-        decision = getattr(record, "decision", None)
-        if decision is not None:
-            self.seen.append(decision)
-            task = self.loop.create_task(self._notify())
-            self._notes.add(task)
-            task.add_done_callback(self._notes.discard)
-
-    async def _notify(self) -> None:
-        async with self.changed:
-            self.changed.notify_all()
-
-    async def wait(self, message_id: int | str, bot: int, timeout: float = 10) -> dict[str, Any]:  # noqa: ASYNC109
-        def found() -> dict[str, Any] | None:
-            return next(
-                (d for d in self.seen if d["id"] == str(message_id) and d["bot"] == str(bot)),
-                None,
-            )
-
-        async with asyncio.timeout(timeout), self.changed:
-            got = await self.changed.wait_for(found)
-        assert got is not None
-        return got
-
-
-@pytest.fixture
-async def decisions() -> AsyncIterator[Decisions]:
-    handler = Decisions()
-    logger = logging.getLogger("botbouncer.decision")
-    old = logger.level
-    logger.setLevel(logging.INFO)
-    logger.addHandler(handler)
-    try:
-        yield handler
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old)
 
 
 @pytest.fixture
@@ -131,25 +77,10 @@ def bot(name: str, token: str, fake: FakeDiscord, **policy: Any) -> dict[str, An
 async def daemon(
     fake: FakeDiscord, redis_url: str, prefix: str, *bots: dict[str, Any]
 ) -> AsyncIterator[Daemon]:
-    config = {
-        "store": {"url": redis_url},
-        "http": {"listen": f"127.0.0.1:{free_port()}"},
-        "bots": list(bots),
-    }
-    d = Daemon(parse_config(yaml.safe_dump(config)))
-    assert isinstance(d.store, RedisStore)
-    d.store.prefix = prefix  # this test's keys only, deleted below
-    await d.start()
-    try:
+    async with running(redis_url, prefix, *bots) as d:
         for b in bots:
-            user = BOT_A if b["token"] == TOKEN_A else BOT_B
-            await fake.wait_connected(user)
+            await fake.wait_connected(BOT_A if b["token"] == TOKEN_A else BOT_B)
         yield d
-    finally:
-        await d.stop()
-        cleanup = RedisStore.from_url(redis_url, prefix=prefix)
-        await delete_prefix(cleanup, prefix)
-        await cleanup.close()
 
 
 @pytest.fixture

@@ -197,7 +197,7 @@ class RedisStore:
 
     async def record_sent(self, req: SentRequest) -> SentResult:
         keys = self.keys(req.msg.chat)
-        args = self._args(req, Count.BOT, req.bot)
+        args = self._args(req, req.msg.count, req.bot)
         args.append("" if req.log is None else json.dumps(req.log))
         try:
             turn, soft, hard = await self._run(self._sent, keys.common(req.bot), args)

@@ -39,12 +39,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from aiohttp import WSMsgType, web
 
+from tests.fakes.recording import Recording
+
 Json = dict[str, Any]
-T = TypeVar("T")
 
 log = logging.getLogger("tests.fakes.discord")
 
@@ -466,8 +467,10 @@ def _route_bucket(method: str, path: str) -> str:
     return uuid.uuid5(uuid.NAMESPACE_URL, method + re.sub(r"\d{5,}", "{id}", path)).hex[:16]
 
 
-class FakeDiscord:
+class FakeDiscord(Recording):
     """An aiohttp fake of Discord's REST API (v10) and gateway for discord.py clients."""
+
+    label = "fake discord"
 
     def __init__(self, *, heartbeat_interval_ms: int = 41250, recommended_shards: int = 1) -> None:
         self.heartbeat_interval_ms = heartbeat_interval_ms
@@ -475,7 +478,7 @@ class FakeDiscord:
         self.url = ""
         self.gateway_url = ""
         self._runner: web.AppRunner | None = None
-        self._cond = asyncio.Condition()
+        super().__init__()
         self._last_id = 0
 
         self.bots: dict[str, FakeBot] = {}  # by token
@@ -698,26 +701,6 @@ class FakeDiscord:
             for d in self.dispatches
             if d.event == event and (user_id is None or d.user_id == user_id)
         ]
-
-    async def changed(self) -> None:
-        """Wake every waiter (called on each recorded change)."""
-        async with self._cond:
-            self._cond.notify_all()
-
-    async def wait_until(
-        self,
-        predicate: Callable[[], T],
-        timeout: float = 5.0,  # noqa: ASYNC109 - a deadline, not a cancel scope
-        what: str = "condition",
-    ) -> T:
-        """Wait until predicate() is truthy (rechecked on every change); return its value."""
-        try:
-            async with asyncio.timeout(timeout), self._cond:
-                return await self._cond.wait_for(predicate)
-        except TimeoutError:
-            raise TimeoutError(
-                f"fake discord: timed out after {timeout}s waiting for {what}"
-            ) from None
 
     async def wait_for_messages(
         self,

@@ -69,9 +69,11 @@ class Chat:
         count = Count.RESET if text.strip() else Count.NONE
         return await self.admit(author, count=count, author_is_bot=False, text=text, **kw)
 
-    async def sent(self, bot: str, *, mid: str | None = None) -> SentResult:
+    async def sent(
+        self, bot: str, *, mid: str | None = None, count: Count = Count.BOT
+    ) -> SentResult:
         self.tick()
-        obs = Observed(self.chat, mid or self.next_id(), bot, bot, Count.BOT, "reply")
+        obs = Observed(self.chat, mid or self.next_id(), bot, bot, count, "reply")
         return await self.store.record_sent(
             SentRequest(msg=obs, bot=bot, limits=self.limits, now_ms=self.now_ms)
         )

@@ -208,6 +208,19 @@ async def test_a_sent_reply_counts_once_when_observed_again(stores: StoreFactory
     assert (await by_b.sent("B", mid="r1")).soft == 1  # a second record of the same send
 
 
+async def test_a_message_sent_as_an_aside_is_never_a_turn(stores: StoreFactory) -> None:
+    """An admin command's answer is filed with Count.NONE: neither the bot
+    that sent it nor another that observes it later counts it."""
+    b_store, c_store = await stores(2)
+    by_b, by_c = Chat(b_store), Chat(c_store)
+    await by_b.admit("A")
+    aside = await by_b.sent("B", mid="note1", count=Count.NONE)
+    assert aside.soft == 1
+    seen = await by_c.admit("B", bot="C", mid="note1", local=Reason.BOT_IGNORED)
+    assert (seen.soft, seen.hard) == (1, 1)
+    assert (await by_b.sent("B")).soft == 2  # a real reply still counts
+
+
 async def test_a_human_message_in_an_unknown_chat_creates_no_counters(store: Store) -> None:
     chat = Chat(store, chat="test:fresh")
     res = await chat.human()

@@ -1,0 +1,109 @@
+"""What every chat adapter does the same way: cut a reply to the platform's
+message size, and send the pieces so that each one is counted as this bot's
+turn under the id the platform gave it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+
+from gateway.inflight import ShuttingDown
+from gateway.model import Decision
+from gateway.pipeline import Gateway
+from gateway.store import StoreError
+
+log = logging.getLogger("botbouncer.adapters")
+
+
+class SendFailed(Exception):
+    """The platform refused a message; the text says what it answered."""
+
+
+async def handle_event(gateway: Gateway, what: str, work: Callable[[], Awaitable[None]]) -> None:
+    """Handle one platform event as in-flight work (a stopping daemon lets it
+    finish). What arrives while stopping, or while the store is unreachable,
+    is logged; nothing is raised into the platform library's event loop."""
+    try:
+        with gateway.inflight.track():
+            await work()
+    except ShuttingDown:
+        log.info("bot %s: %s arrived while stopping; not handled", gateway.bot.name, what)
+    except StoreError as exc:
+        log.error("bot %s: %s not handled: %s", gateway.bot.name, what, exc)
+
+
+def utf16_len(text: str) -> int:
+    """Length in UTF-16 code units, as Telegram counts (an emoji is two)."""
+    return len(text.encode("utf-16-le")) // 2
+
+
+def _fitting(text: str, limit: int, size: Callable[[str], int]) -> int:
+    """How many characters of `text` fit in `limit` units of `size`."""
+    if size is len or size(text) <= limit:
+        return min(len(text), limit)
+    lo, hi = 0, min(len(text), limit)  # a character is at least one unit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if size(text[:mid]) <= limit:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def split_message(text: str, limit: int, size: Callable[[str], int] = len) -> list[str]:
+    """Pieces of at most `limit` units (`size`: characters unless told), cut
+    at a line break or a space when one is in the second half of the piece,
+    else hard. Blank pieces are dropped."""
+    pieces: list[str] = []
+    while size(text) > limit:
+        fit = max(1, _fitting(text, limit, size))
+        cut = text.rfind("\n", fit // 2, fit + 1)
+        if cut < 0:
+            cut = text.rfind(" ", fit // 2, fit + 1)
+        if cut <= 0:
+            pieces.append(text[:fit])
+            text = text[fit:]
+        else:
+            pieces.append(text[:cut])
+            text = text[cut + 1 :]
+    if text.strip():
+        pieces.append(text)
+    return pieces
+
+
+async def deliver(
+    gateway: Gateway,
+    d: Decision,
+    pieces: Iterable[str],
+    send: Callable[[str, int], Awaitable[str]],
+    *,
+    warning: bool = False,
+) -> int:
+    """Send `pieces` in order with `send(text, index) -> platform message id`
+    and count each as this bot's turn under that id. Returns how many went.
+
+    A reply that fails (or is cancelled at shutdown) before its first piece
+    went gives its rate-cap slot back; a later failure stops the rest, since
+    what was sent is already counted. Nothing is retried here: a platform
+    library that retries does so only where nothing was delivered.
+    """
+    first, sent = not warning, 0
+    for piece in pieces:
+        try:
+            message_id = await send(piece, sent)
+        except SendFailed as exc:
+            if sent == 0 and not warning:
+                await gateway.unsent(d, str(exc))
+            else:
+                log.warning("bot %s: sending in %s failed after %d message(s): %s",
+                            gateway.bot.name, d.chat, sent, exc)  # fmt: skip
+            return sent
+        except asyncio.CancelledError:
+            if sent == 0 and not warning:
+                await asyncio.shield(gateway.unsent(d, "cancelled at shutdown"))
+            raise
+        await gateway.sent(d, message_id, piece, first=first)
+        first, sent = False, sent + 1
+    return sent

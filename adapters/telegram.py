@@ -1,0 +1,399 @@
+"""The Telegram adapter (python-telegram-bot 22): translate updates, send
+replies, answer the admin commands `/bouncer_status` etc. It knows nothing
+about limits; Gateway.handle decides.
+
+Updates come by long polling, or, with `telegram.webhook_url` set, as POSTs to
+the daemon's own server (`/v1/webhooks/<bot name>`), each checked against
+`telegram.secret_token` before its body is read. Telegram never shows a bot
+its own messages, so every message this bot sends is counted when sent, under
+the id Telegram returns; another bot that receives it in bot-to-bot mode
+counts the same id, once. Sends go through PTB's AIORateLimiter (Telegram's
+flood limits); a 429 is retried there, since it delivered nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import warnings
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+
+from aiohttp import web
+from telegram import (
+    BotCommand,
+    BotCommandScopeAllChatAdministrators,
+    MessageEntity,
+    ReplyParameters,
+    Update,
+    User,
+)
+from telegram import Message as TgMessage
+from telegram.constants import ChatAction, ChatMemberStatus, ChatType
+from telegram.error import InvalidToken, TelegramError
+from telegram.ext import AIORateLimiter, Application, ContextTypes, TypeHandler, filters
+from telegram.warnings import PTBDeprecationWarning
+
+from adapters.common import SendFailed, deliver, handle_event, split_message, utf16_len
+from gateway.admin import Admin, AdminError
+from gateway.config import BotConfig
+from gateway.daemon import StartupError
+from gateway.http import BadRequest, HttpServer, error, json_body
+from gateway.model import Action, Author, ChatKind, ChatRef, Decision, Message
+from gateway.pipeline import Gateway
+from gateway.store import StoreError
+
+log = logging.getLogger("botbouncer.telegram")
+# PTB 22's own RetryAfter constructor reads its deprecated int attribute: a
+# warning on every flood limit that no user of botbouncer can act on.
+warnings.filterwarnings(
+    "ignore", message="Deprecated since version v22.2", category=PTBDeprecationWarning
+)
+
+API_BASE = "https://api.telegram.org"
+MESSAGE_LIMIT = 4096  # UTF-16 code units
+SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+ALLOWED_UPDATES = ["message"]  # edits, reactions, channel posts: not conversation turns
+CONCURRENT_UPDATES = 256
+SEND_RETRIES = 2  # after a 429 (nothing was delivered), PTB's limiter waits and retries
+COMMAND_PREFIX = "bouncer_"
+COMMANDS = {
+    "status": "Turn counters, limits, pause and cooldowns",
+    "reset": "Zero the turn counters and cooldowns",
+    "pause": "No bot answers here until resumed",
+    "resume": "Bots answer here again",
+    "limits": "Show or set limits: soft=N hard=N rate=N window=S, or clear",
+    "why": "The last decisions here, with reasons (why N)",
+}
+ADMIN_STATUSES = (ChatMemberStatus.OWNER, ChatMemberStatus.ADMINISTRATOR)
+_ADDRESSING = (MessageEntity.MENTION, MessageEntity.TEXT_MENTION, MessageEntity.BOT_COMMAND)
+# Someone else's admin command: no conversation turn, no answer from this bot.
+FOREIGN = "foreign"
+
+
+def chat_of(m: TgMessage) -> ChatRef:
+    """Chat id plus the forum topic when the message is in one (the General
+    topic has none); a private chat is a DM."""
+    kind = ChatKind.DM if m.chat.type == ChatType.PRIVATE else ChatKind.GROUP
+    topic = str(m.message_thread_id) if m.is_topic_message and m.message_thread_id else None
+    return ChatRef(platform="telegram", id=str(m.chat.id), topic=topic, kind=kind)
+
+
+def author_of(m: TgMessage) -> Author:
+    """The sender. A message posted as a chat (an anonymous group admin, a
+    linked channel) comes from a placeholder bot account, GroupAnonymousBot or
+    Channel_Bot, on behalf of people: it is a person speaking, never a bot turn."""
+    if m.sender_chat is not None:
+        chat = m.sender_chat
+        return Author(str(chat.id), chat.title or chat.username or "", False)
+    user = m.from_user
+    if user is None:  # not sent by Telegram for messages in chats; never crash on it
+        return Author("unknown", "", False)
+    return Author(str(user.id), user.full_name, user.is_bot)
+
+
+def to_message(update: Update, me: User) -> Message:
+    """A Telegram message as the gateway sees it."""
+    m = update.message
+    assert m is not None  # dispatch() passes messages only
+    own = (me.username or "").lower()
+    if m.text is not None:
+        text, entities = m.text, m.parse_entities(list(_ADDRESSING))
+    else:
+        text, entities = m.caption or "", m.parse_caption_entities(list(_ADDRESSING))
+    mentions: set[str] = set()
+    for entity, said in entities.items():
+        if entity.type == MessageEntity.TEXT_MENTION and entity.user is not None:
+            mentions.add(str(entity.user.id))
+        elif entity.type == MessageEntity.MENTION and said[1:].lower() == own:
+            mentions.add(str(me.id))
+        elif entity.type == MessageEntity.BOT_COMMAND and said.partition("@")[2].lower() == own:
+            mentions.add(str(me.id))  # /help@thisbot
+    reply_to = None
+    replied = m.reply_to_message
+    # In a forum topic, a message that replies to nothing carries the topic's
+    # opening (forum_topic_created) as reply_to_message: that is not a reply.
+    if replied is not None and replied.forum_topic_created is None:
+        reply_to = author_of(replied).id
+    return Message(
+        id=str(m.message_id),
+        chat=chat_of(m),
+        author=author_of(m),
+        text=text,
+        mentions=tuple(sorted(mentions)),
+        reply_to=reply_to,
+        system=bool(filters.StatusUpdate.ALL.check_update(update)),
+    )
+
+
+def admin_command(m: TgMessage, username: str) -> str | None:
+    """`status`, `limits soft=5`, ... for `/bouncer_<command>[@thisbot] args`;
+    FOREIGN for a /bouncer_ command addressed to another bot; None otherwise."""
+    text = m.text or ""
+    if not text.startswith("/" + COMMAND_PREFIX):
+        return None
+    head, _, args = text.partition(" ")
+    command, _, target = head[1 + len(COMMAND_PREFIX) :].partition("@")
+    if target and target.lower() != username.lower():
+        return FOREIGN
+    return " ".join([command, *args.split()])
+
+
+class TelegramAdapter:
+    def __init__(self, bot: BotConfig, gateway: Gateway, server: HttpServer) -> None:
+        if bot.token is None:  # the config refuses this; a clear error if it ever slips
+            raise StartupError(f"bot {bot.name}: a Telegram bot needs a token")
+        self.bot = bot
+        self.gateway = gateway
+        self.server = server
+        self.admin = server.admins.get(bot.name) or Admin(gateway)
+        self.webhook = bot.telegram.webhook_url
+        secret = bot.telegram.secret_token
+        self._secret = secret.get_secret_value().encode() if secret is not None else b""
+        self.api = (bot.api_base or API_BASE).rstrip("/")
+        builder = (
+            Application.builder()
+            .token(bot.token.get_secret_value())
+            .base_url(f"{self.api}/bot")
+            .base_file_url(f"{self.api}/file/bot")
+            .rate_limiter(AIORateLimiter(max_retries=SEND_RETRIES))
+            .concurrent_updates(CONCURRENT_UPDATES)
+        )
+        if self.webhook is not None:
+            builder = builder.updater(None)
+        self.app = builder.build()
+        self.app.add_handler(TypeHandler(Update, self._on_update))
+        self.app.add_error_handler(self._on_error)
+        self.me: User | None = None
+
+    # -- lifecycle ------------------------------------------------------------
+
+    async def start(self) -> None:
+        """getMe (a bad token stops the daemon), register the commands, then
+        take updates by webhook or long polling."""
+        try:
+            await self.app.initialize()
+        except InvalidToken:
+            raise StartupError(f"bot {self.bot.name}: Telegram refused the token") from None
+        except TelegramError as exc:
+            raise StartupError(
+                f"bot {self.bot.name}: cannot reach the Bot API at {self.api}: {exc}"
+            ) from None
+        me = self.app.bot.bot
+        self.me = me
+        self.gateway.bot_id = str(me.id)
+        log.info("bot %s is on Telegram as @%s (id %s), %s", self.bot.name, me.username,
+                 me.id, "by webhook" if self.webhook else "by long polling")  # fmt: skip
+        if not me.can_read_all_group_messages:
+            log.info("bot %s: privacy mode is on, so in groups it sees only commands, replies "
+                     "and mentions (BotFather /setprivacy)", self.bot.name)  # fmt: skip
+        await self._register_commands()
+        try:
+            await self.app.start()
+            if self.webhook is not None:
+                self.server.add_webhook(self.bot.name, self._on_webhook)
+                await self.app.bot.set_webhook(
+                    self.webhook,
+                    secret_token=self._secret.decode(),
+                    allowed_updates=ALLOWED_UPDATES,
+                )
+            else:
+                assert self.app.updater is not None  # built with one for polling
+                await self.app.updater.start_polling(allowed_updates=ALLOWED_UPDATES)
+        except TelegramError as exc:
+            await self.stop()
+            raise StartupError(f"bot {self.bot.name}: Telegram refused to start: {exc}") from None
+
+    async def stop_intake(self) -> None:
+        """Fetch no more updates; those already fetched start being handled
+        before the daemon refuses new work. (A webhook needs nothing: the
+        daemon's listener closes and Telegram delivers again later.)"""
+        updater = self.app.updater
+        if updater is not None and updater.running:
+            await updater.stop()
+        # PTB's fetcher empties the queue into one task per update in a single
+        # step, and each task is tracked as in flight on its first: a few
+        # yields, bounded, not a wait on anything slow.
+        with suppress(TimeoutError):
+            async with asyncio.timeout(1):
+                while not self.app.update_queue.empty():  # noqa: ASYNC110 - see above
+                    await asyncio.sleep(0)
+        await asyncio.sleep(0)
+
+    async def stop(self) -> None:
+        self.server.remove_webhook(self.bot.name)
+        # The webhook stays registered: Telegram keeps updates for the next
+        # start or another replica.
+        with suppress(TelegramError):
+            if self.app.updater is not None and self.app.updater.running:
+                await self.app.updater.stop()
+            if self.app.running:
+                await self.app.stop()
+            await self.app.shutdown()
+
+    async def _register_commands(self) -> None:
+        commands = [BotCommand(COMMAND_PREFIX + name, text) for name, text in COMMANDS.items()]
+        try:
+            await self.app.bot.set_my_commands(
+                commands, scope=BotCommandScopeAllChatAdministrators()
+            )
+        except TelegramError as exc:
+            # Commands are a convenience (the menu); they work without it.
+            log.error("bot %s: registering the /bouncer_ commands failed: %s", self.bot.name, exc)
+
+    # -- updates ------------------------------------------------------------------
+
+    async def _on_update(self, update: object, context: ContextTypes.DEFAULT_TYPE) -> None:
+        """Long polling: PTB hands every update here, concurrently."""
+        if isinstance(update, Update):
+            what = f"update {update.update_id}"
+            await handle_event(self.gateway, what, lambda: self.dispatch(update))
+
+    async def _on_error(self, update: object, context: ContextTypes.DEFAULT_TYPE) -> None:
+        log.error("bot %s: handling an update failed: %r", self.bot.name, context.error)
+
+    async def _on_webhook(self, request: web.Request) -> web.Response:
+        """One update POSTed by Telegram. Handled before answering, so a
+        refusal (503 while stopping, store down) makes Telegram deliver it again."""
+        given = request.headers.get(SECRET_HEADER, "")
+        # Header bytes that are not UTF-8 arrive surrogate-escaped.
+        if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), self._secret):
+            log.warning("bot %s: webhook call from %s with a wrong or missing secret token; "
+                        "ignored", self.bot.name, request.remote)  # fmt: skip
+            return error(403, "wrong or missing secret token")
+        body = await json_body(request)
+        if not isinstance(body, dict) or not isinstance(body.get("update_id"), int):
+            raise BadRequest("body: must be a Telegram Update object with an update_id")
+        try:
+            update = Update.de_json(body, self.app.bot)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BadRequest(f"body: not a Telegram Update: {exc!r}") from None
+        with self.gateway.inflight.track():
+            await self.dispatch(update)
+        return web.json_response({})
+
+    async def dispatch(self, update: Update) -> None:
+        """One update: an admin command, or a message for the gateway."""
+        m = update.message
+        if m is None or self.me is None:
+            return
+        command = admin_command(m, self.me.username or "")
+        if command == FOREIGN:
+            return
+        if command is not None:
+            await self._admin(m, command)
+            return
+        msg = to_message(update, self.me)
+        d = await self.gateway.handle(msg, busy=lambda: self._typing(m))
+        if d.action is Action.REPLY and d.replies:
+            await self._post(m, d, list(d.replies), reply=True)
+        elif d.action is Action.WARN and d.warning:
+            await self._post(m, d, [d.warning], reply=False, warning=True)
+
+    # -- sending ------------------------------------------------------------------
+
+    async def _send(self, m: TgMessage, text: str, *, reply: bool) -> TgMessage:
+        """Into the message's chat and topic; as a reply when asked (without
+        failing if the message was deleted meanwhile). Plain text, no markup."""
+        try:
+            return await self.app.bot.send_message(
+                m.chat.id,
+                text,
+                message_thread_id=m.message_thread_id if m.is_topic_message else None,
+                reply_parameters=(
+                    ReplyParameters(m.message_id, allow_sending_without_reply=True)
+                    if reply
+                    else None
+                ),
+            )
+        except TelegramError as exc:
+            raise SendFailed(f"Telegram refused the message: {exc}") from None
+
+    async def _post(
+        self, m: TgMessage, d: Decision, texts: list[str], *, reply: bool, warning: bool = False
+    ) -> None:
+        async def send(piece: str, index: int) -> str:
+            sent = await self._send(m, piece, reply=reply and index == 0)
+            return str(sent.message_id)
+
+        pieces = [p for text in texts for p in split_message(text, MESSAGE_LIMIT, utf16_len)]
+        await deliver(self.gateway, d, pieces, send, warning=warning)
+
+    @asynccontextmanager
+    async def _typing(self, m: TgMessage) -> AsyncIterator[None]:
+        """ "typing…" while the backend works, sent beside it: it never delays
+        the answer, and a failure never fails it."""
+
+        async def typing() -> None:
+            try:
+                await self.app.bot.send_chat_action(
+                    m.chat.id,
+                    ChatAction.TYPING,
+                    message_thread_id=m.message_thread_id if m.is_topic_message else None,
+                )
+            except TelegramError as exc:
+                log.debug("typing indicator in %s failed: %s", m.chat.id, exc)
+
+        task = asyncio.create_task(typing())
+        try:
+            yield
+        finally:
+            if not task.done():
+                task.cancel()
+
+    # -- admin commands -----------------------------------------------------------
+
+    async def is_admin(self, m: TgMessage) -> bool:
+        """Configured user ids, or the chat's administrators (DESIGN §3.7)."""
+        user = m.from_user
+        if user is not None and str(user.id) in self.bot.admins.user_ids:
+            return True
+        if m.chat.type == ChatType.PRIVATE:
+            return False
+        if m.sender_chat is not None:
+            # Only administrators can post as the group itself (anonymously).
+            return m.sender_chat.id == m.chat.id
+        if user is None:
+            return False
+        member = await self.app.bot.get_chat_member(m.chat.id, user.id)
+        return member.status in ADMIN_STATUSES
+
+    async def _admin(self, m: TgMessage, command: str) -> None:
+        """Run an admin command and answer it in the chat. The answer is filed
+        as an aside, not a turn: no bot counts or answers it."""
+        chat = chat_of(m)
+        actor = f"telegram:{author_of(m).id}"
+        try:
+            allowed = await self.is_admin(m)
+        except TelegramError as exc:
+            log.error("bot %s: checking %s's rights failed: %s", self.bot.name, actor, exc)
+            await self._answer(m, chat, "Could not check your admin rights; nothing was changed.")
+            return
+        if not allowed:
+            log.info("bot %s: /%s%s refused for %s", self.bot.name, COMMAND_PREFIX, command,
+                     actor)  # fmt: skip
+            await self._answer(m, chat, "Only chat administrators and botbouncer admins may "
+                                        "do this; nothing was changed.")  # fmt: skip
+            return
+        try:
+            text = await self.admin.run(chat.key, command, actor, chat.kind)
+        except AdminError as exc:
+            text = f"Not done: {exc}"
+        except StoreError as exc:
+            log.error("bot %s: /%s%s failed: %s", self.bot.name, COMMAND_PREFIX, command, exc)
+            text = "The state store is unavailable; nothing was changed. Try again."
+        await self._answer(m, chat, text)
+
+    async def _answer(self, m: TgMessage, chat: ChatRef, text: str) -> None:
+        for i, piece in enumerate(split_message(text, MESSAGE_LIMIT, utf16_len)):
+            try:
+                sent = await self._send(m, piece, reply=i == 0)
+            except SendFailed as exc:
+                log.warning("bot %s: answering an admin command failed: %s", self.bot.name, exc)
+                return
+            await self.gateway.note(chat.key, str(sent.message_id), piece)
+
+
+def create(bot: BotConfig, gateway: Gateway, server: HttpServer) -> TelegramAdapter:
+    return TelegramAdapter(bot, gateway, server)
