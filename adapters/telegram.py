@@ -183,8 +183,14 @@ class TelegramAdapter:
         me = self.app.bot.bot
         self.me = me
         self.gateway.bot_id = str(me.id)
+        how = (
+            f"by webhook: Telegram POSTs to {self.webhook}, which must reach this "
+            f"daemon's /v1/webhooks/{self.bot.name}"
+            if self.webhook
+            else "by long polling"
+        )
         log.info("bot %s is on Telegram as @%s (id %s), %s", self.bot.name, me.username,
-                 me.id, "by webhook" if self.webhook else "by long polling")  # fmt: skip
+                 me.id, how)  # fmt: skip
         if not me.can_read_all_group_messages:
             log.info("bot %s: privacy mode is on, so in groups it sees only commands, replies "
                      "and mentions (BotFather /setprivacy)", self.bot.name)  # fmt: skip
@@ -211,7 +217,12 @@ class TelegramAdapter:
         daemon's listener closes and Telegram delivers again later.)"""
         updater = self.app.updater
         if updater is not None and updater.running:
-            await updater.stop()
+            try:
+                await updater.stop()  # its last getUpdates confirms what was fetched
+            except TelegramError as exc:
+                log.warning("bot %s: confirming the last updates failed (%s); Telegram "
+                            "may deliver them again, and they count once", self.bot.name,
+                            exc)  # fmt: skip
         # PTB's fetcher empties the queue into one task per update in a single
         # step, and each task is tracked as in flight on its first: a few
         # yields, bounded, not a wait on anything slow.

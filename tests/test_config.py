@@ -579,17 +579,36 @@ def test_backend_errors_name_the_key(backend: str, problem: str) -> None:
     assert err.value.problems == [problem]
 
 
-def test_the_commented_discord_bot_in_the_example_is_valid() -> None:
+def commented_bot(name: str, *, options: bool = False) -> str:
+    """The example's commented-out bot `name`, uncommented; `options` also
+    uncomments its optional keys (the `#   #` lines)."""
     text = EXAMPLE.read_text(encoding="utf-8")
-    start = text.index("  # - name: discord-helper")
+    start = text.index(f"  # - name: {name}")
     lines = []
     for line in text[start:].splitlines():
-        if not line.startswith("  # ") or line.startswith("  #   #"):
+        if not line.startswith("  # "):
+            break
+        if line.startswith("  #   # ") and options:
+            line = "  #   " + line[len("  #   # ") :]
+        if line.startswith("  #   #"):
             continue
         lines.append("  " + line[4:])
-    with_all = "\n".join(lines)
-    bot = parse_config("bots:\n" + with_all + "\n", env={"DISCORD_TOKEN": "t"}).bots[0]
+    return "bots:\n" + "\n".join(lines) + "\n"
+
+
+def test_the_commented_discord_bot_in_the_example_is_valid() -> None:
+    text = commented_bot("discord-helper")
+    bot = parse_config(text, env={"DISCORD_TOKEN": "t"}).bots[0]
     assert (bot.platform, bot.bot_messages, bot.token is not None) == ("discord", "mentions", True)
+
+
+def test_the_commented_telegram_bot_in_the_example_is_valid_in_both_modes() -> None:
+    env = {"TELEGRAM_TOKEN": "1:t", "TELEGRAM_WEBHOOK_SECRET": "s-1"}
+    polling = parse_config(commented_bot("telegram-helper"), env=env).bots[0]
+    assert (polling.platform, polling.telegram.webhook_url) == ("telegram", None)
+    hooked = parse_config(commented_bot("telegram-helper", options=True), env=env).bots[0]
+    assert hooked.api_base == "http://127.0.0.1:8081"
+    assert hooked.telegram.webhook_url == "https://bots.example.com/tg/helper"
 
 
 NOT_DISCORD = "is a Discord setting; this bot's platform is http"

@@ -340,9 +340,14 @@ async def test_admin_commands_for_administrators_and_refused_for_others(
         # a configured user id who is no chat administrator may too
         await fake.user_says(GROUP, ALICE + 100, "/bouncer_status")
         assert "Only chat administrators" not in (await answer(6)).text
+        # an anonymous administrator (posting as the group) may; nobody asks Telegram
+        checks = len(fake.calls_of("getChatMember", TOKEN_A))
+        await fake.user_says(GROUP, MOD, "/bouncer_pause", sender_chat_id=GROUP)
+        assert (await answer(7)).text.startswith("Paused")
+        assert len(fake.calls_of("getChatMember", TOKEN_A)) == checks
         # each answer was filed, so no bot that sees it counts it
         assert await soft_of(d, chat()) == 0
-        assert len(by(BOT_A, fake.sent)) == 6
+        assert len(by(BOT_A, fake.sent)) == 7
 
 
 async def test_a_configured_admin_may_pause_even_in_a_dm(
