@@ -46,6 +46,8 @@ __all__ = [
     "Config",
     "ConfigError",
     "EchoBackend",
+    "GuardConfig",
+    "GuardProfile",
     "HttpConfig",
     "OpenAIBackend",
     "PairsPolicy",
@@ -609,6 +611,154 @@ class ShutdownConfig(_Model):
     grace_seconds: Float = Field(default=10.0, ge=0)
 
 
+# --------------------------------------------------------------------------
+# The agent guard (README "Agent guard"): profiles of detector limits
+# --------------------------------------------------------------------------
+
+Ratio = Annotated[float, BeforeValidator(_float_not_bool), Field(gt=0, le=1)]
+Times = Annotated[int, BeforeValidator(_int_not_bool), Field(ge=1, le=MAX_COUNT)]
+
+
+def _regex(value: str) -> str:
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"is not a valid regular expression: {exc}") from None
+    return value
+
+
+class WarnBlock(_Model):
+    """Warn at the `warn_at`-th occurrence, block at the `block_at`-th."""
+
+    warn_at: Times
+    block_at: Times
+
+    @model_validator(mode="after")
+    def _order(self) -> WarnBlock:
+        if self.warn_at > self.block_at:
+            raise ValueError("warn_at must not be greater than block_at")
+        return self
+
+
+class CycleGuard(WarnBlock):
+    warn_at: Times = 2  # full repetitions of the pattern
+    block_at: Times = 3
+    min_period: Int = Field(default=2, ge=2, le=32)
+    max_period: Int = Field(default=8, ge=2, le=32)
+    history: Int = Field(default=64, ge=4, le=256)
+
+    @model_validator(mode="after")
+    def _periods(self) -> CycleGuard:
+        if self.min_period > self.max_period:
+            raise ValueError("min_period must not be greater than max_period")
+        return self
+
+
+class FixationGuard(_Model):
+    window: Int = Field(default=4, ge=2, le=16)  # the tool's last calls compared
+    similarity: Ratio = 0.70  # pairwise Jaccard of their input tokens
+
+
+class ExplorationGuard(_Model):
+    min_calls: Times = 8
+    min_ratio: Ratio = 0.40  # unique (tool, input) pairs / calls
+
+
+class SubagentGuard(_Model):
+    tools: tuple[NonEmptyStr, ...] = ()  # tools that delegate to a sub-agent
+    max_calls: Times = 3
+    similarity: Ratio = 0.65  # two responses this alike in a row: no progress
+
+
+class RetryGuard(_Model):
+    max_retries: Times = 2  # per session, per task, per window
+    window_seconds: Float = Field(default=3600.0, gt=0, le=MAX_WINDOW_SECONDS)
+    # task -> a regex the input must match for a retry to make sense
+    prechecks: dict[NonEmptyStr, Annotated[str, AfterValidator(_regex)]] = Field(
+        default_factory=dict
+    )
+
+
+class HandoffGuard(_Model):
+    max_handoffs: Times = 6
+    max_visits: Times = 2
+
+
+class KnowledgeGuard(_Model):
+    max_queries: Times = 2  # per session, per topic, per window
+    window_seconds: Float = Field(default=900.0, gt=0, le=MAX_WINDOW_SECONDS)
+
+
+class ContextGuard(_Model):
+    growth: Float = Field(default=1.35, gt=1, le=100)  # step-to-step growth factor
+    growth_steps: Times = 3  # consecutive growths before the warning
+    max_total_tokens: Int | None = Field(default=None, ge=1, le=10**13)
+
+
+class BudgetGuard(_Model):
+    usd: Float | None = Field(default=None, gt=0, le=10**7)
+    tokens: Int | None = Field(default=None, ge=1, le=10**13)
+    warn_at: Ratio = 0.8
+
+
+class StepGuard(_Model):
+    max_steps: Times = 50
+    max_per_tool: Times = 25
+
+
+class GuardProfile(_Model):
+    """The limits one agent session is held to."""
+
+    identical: WarnBlock = WarnBlock(warn_at=2, block_at=3)
+    exempt_tools: tuple[NonEmptyStr, ...] = ()
+    cycle: CycleGuard = CycleGuard()
+    fixation: FixationGuard = FixationGuard()
+    exploration: ExplorationGuard = ExplorationGuard()
+    failures: WarnBlock = WarnBlock(warn_at=3, block_at=5)
+    no_progress_at: Times = 3  # the same result from one tool this many times in a row
+    subagents: SubagentGuard = SubagentGuard()
+    retry: RetryGuard = RetryGuard()
+    handoff: HandoffGuard = HandoffGuard()
+    knowledge: KnowledgeGuard = KnowledgeGuard()
+    context: ContextGuard = ContextGuard()
+    budget: BudgetGuard = BudgetGuard()
+    steps: StepGuard = StepGuard()
+
+
+_PROFILE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+class GuardConfig(_Model):
+    """`guard:`: a `default` profile and named ones; a named profile states
+    only what differs from `default`."""
+
+    session_ttl_seconds: Int = Field(default=86400, ge=60, le=MAX_TTL_SECONDS)
+    profiles: dict[str, GuardProfile] = Field(default_factory=lambda: {"default": GuardProfile()})
+
+    @field_validator("profiles", mode="before")
+    @classmethod
+    def _inherit(cls, value: Any) -> Any:
+        if value is None:
+            return {"default": {}}
+        if not isinstance(value, Mapping):
+            return value
+        base = value.get("default") or {}
+        out: dict[Any, Any] = {"default": base}
+        for name, profile in value.items():
+            if name != "default":
+                merged = _deep_merge(base, profile) if isinstance(profile, Mapping) else profile
+                out[name] = {} if profile is None else merged
+        return out
+
+    @field_validator("profiles")
+    @classmethod
+    def _names(cls, value: dict[str, GuardProfile]) -> dict[str, GuardProfile]:
+        for name in value:
+            if not _PROFILE_NAME.match(name):
+                raise ValueError(f"profile name {name!r}: use 1-64 of A-Z a-z 0-9 _ . -")
+        return value
+
+
 def _deep_merge(base: Mapping[Any, Any], override: Mapping[Any, Any]) -> dict[Any, Any]:
     """`override` wins leaf by leaf; a null section in it does not erase `base`."""
     merged = dict(base)
@@ -643,6 +793,7 @@ class Config(_Model):
     store: StoreConfig = StoreConfig()
     http: HttpConfig = HttpConfig()
     shutdown: ShutdownConfig = ShutdownConfig()
+    guard: GuardConfig = GuardConfig()
     defaults: Policy = Policy()
     bots: list[BotConfig] = Field(default_factory=list, validate_default=True)
 

@@ -24,6 +24,8 @@ from gateway.backends import Backend, context_wanted, make_backend
 from gateway.backends.python import PythonBackendError
 from gateway.classifier import Classifier
 from gateway.config import BotConfig, Config, ConfigError, Policy, load_config
+from gateway.guard.engine import engine_for
+from gateway.guard.service import Guard
 from gateway.http import HttpServer
 from gateway.inflight import InFlight
 from gateway.metrics import Metrics
@@ -148,8 +150,9 @@ class Daemon:
         self.metrics = Metrics()
         self.inflight = InFlight()
         token = config.http.admin_token
+        self.guard = Guard(config.guard, engine_for(self.store))
         self.server = HttpServer(
-            self.store, self.metrics, token.get_secret_value() if token else None
+            self.store, self.metrics, token.get_secret_value() if token else None, self.guard
         )
         self.outbound = Outbound()
         self.gateways: dict[str, Gateway] = {}
@@ -205,6 +208,7 @@ class Daemon:
             self.gateways[name].configure(new.bot(name), backend, classifier)
         token = new.http.admin_token
         self.server.admin_token = token.get_secret_value() if token else None
+        self.guard.configure(new.guard)
         pending = restart_needed(self.started, new)
         self.config = new
         return pending

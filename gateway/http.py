@@ -18,6 +18,8 @@ from typing import Any
 from aiohttp import web
 
 from gateway.admin import Admin, AdminError, overrides_from
+from gateway.guard.openapi import OPENAPI
+from gateway.guard.service import Answer, Guard, GuardInputError, ProfileConflict
 from gateway.inflight import ShuttingDown
 from gateway.metrics import CONTENT_TYPE, Metrics
 from gateway.store import Store, StoreError
@@ -58,9 +60,14 @@ def reply(payload: Any, status: int = 200) -> web.Response:
 
 class HttpServer:
     def __init__(
-        self, store: Store, metrics: Metrics | None = None, admin_token: str | None = None
+        self,
+        store: Store,
+        metrics: Metrics | None = None,
+        admin_token: str | None = None,
+        guard: Guard | None = None,
     ) -> None:
         self.store = store
+        self.guard = guard
         self.metrics = metrics if metrics is not None else Metrics()
         self.admin_token = admin_token
         self.ingress: dict[str, IngressHandler] = {}
@@ -79,6 +86,12 @@ class HttpServer:
         r.add_post(chat + "/{command:reset|pause|resume}", self._admin_action)
         r.add_put(chat + "/limits", self._admin_limits)
         r.add_get(chat + "/decisions", self._admin_decisions)
+        if guard is not None:
+            r.add_get("/v1/guard/openapi.json", self._guard_openapi)
+            session = "/v1/guard/{session:[^/]+}"
+            r.add_post(session + "/{op:step|result|retry|handoff|kb-query|usage}", self._guard)
+            r.add_get(session, self._guard_state)
+            r.add_delete(session, self._guard_reset)
 
     def add_ingress(self, bot: str, handler: IngressHandler) -> None:
         self.ingress[bot] = handler
@@ -102,8 +115,10 @@ class HttpServer:
             if exc.status >= 400:
                 return error(exc.status, exc.reason)
             raise
-        except (BadRequest, AdminError) as exc:
+        except (BadRequest, AdminError, GuardInputError) as exc:
             return error(400, str(exc))
+        except ProfileConflict as exc:
+            return error(409, str(exc))
         except _Refused as exc:
             if exc.status == 401:
                 return error(401, str(exc), **{"WWW-Authenticate": 'Bearer realm="botbouncer"'})
@@ -142,6 +157,42 @@ class HttpServer:
         if handler is None:
             return error(404, "no bot here takes webhooks under that name")
         return await handler(request)
+
+    # -- agent guard API ------------------------------------------------------
+
+    async def _guard(self, request: web.Request) -> web.Response:
+        assert self.guard is not None  # routed only with a guard
+        ops = {
+            "step": self.guard.step,
+            "result": self.guard.result,
+            "retry": self.guard.retry,
+            "handoff": self.guard.handoff,
+            "kb-query": self.guard.kb_query,
+            "usage": self.guard.usage,
+        }
+        check = ops[request.match_info["op"]]
+        answer: Answer = await check(
+            request.match_info["session"], await json_body(request), request.query.get("profile")
+        )
+        self.metrics.guard_checks.labels(answer.decision, answer.reason).inc()
+        return reply(answer.as_dict(), answer.status)
+
+    async def _guard_state(self, request: web.Request) -> web.Response:
+        assert self.guard is not None
+        session = request.match_info["session"]
+        state = await self.guard.state(session)
+        if state is None:
+            return error(404, f"no guard session {session!r} (or it expired)")
+        return reply({"session": session, "state": state})
+
+    async def _guard_reset(self, request: web.Request) -> web.Response:
+        assert self.guard is not None
+        session = request.match_info["session"]
+        await self.guard.reset(session)
+        return reply({"session": session, "done": "reset"})
+
+    async def _guard_openapi(self, request: web.Request) -> web.Response:
+        return reply(OPENAPI)
 
     # -- admin API ---------------------------------------------------------
 

@@ -61,6 +61,10 @@ class Metrics:
             "Time from a message to its decision, classifier and backend included.",
             buckets=FAST_BUCKETS, registry=r,
         )  # fmt: skip
+        self.guard_checks = Counter(
+            "botbouncer_guard_checks", "Agent guard answers, by decision and reason code.",
+            ["decision", "reason"], registry=r,
+        )  # fmt: skip
         self.store_degraded = Gauge(
             "botbouncer_store_degraded", "1 while the shared store is unreachable.", registry=r
         )

@@ -125,6 +125,11 @@ class RedisStore:
             return await script(keys=keys, args=args)
         return await self._batch.script(script, keys, args)
 
+    async def call(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
+        """Run a script registered on this store's client, sharing its round
+        trips with concurrent calls (the agent guard's scripts use this)."""
+        return await self._run(script, keys, args)
+
     def keys(self, chat: str) -> ChatKeys:
         return ChatKeys(self.prefix, chat)
 

@@ -1,0 +1,410 @@
+-- The agent guard (README "Agent guard"): one atomic call per check.
+--
+-- Prepended by a prelude that defines load() -> state table or nil,
+-- save(state, ttl_ms), drop(), decode(json) -> table and now() -> ms: Redis
+-- keeps the state as one JSON value (cjson) under KEYS[1]; the memory store
+-- runs this same file in Lua 5.1 (lupa) over a table it holds. Every number in
+-- the state is an integer (micro-dollars, milliseconds, millionths), so the
+-- JSON round trip on Redis loses nothing and both give the same answers.
+--
+-- ARGV: 1 op (step|result|retry|handoff|kb|usage|state|reset), 2 profile
+-- limits (JSON), 3 payload (JSON, prepared by gateway/guard/service.py:
+-- hashes, tokens and flags), 4 profile name, 5 now ms ("" = server time).
+-- Returns {decision, reason, evidence JSON, meta JSON, also JSON}.
+
+local OP, L, P, PROFILE = ARGV[1], decode(ARGV[2]), decode(ARGV[3]), ARGV[4]
+local NOW = tonumber(ARGV[5]) or now()
+
+-- JSON out, deterministic (sorted keys) so both stores answer byte for byte alike.
+local function enc(v)
+  local t = type(v)
+  if t == 'string' then
+    return '"' .. v:gsub('[%c"\\]', function(c)
+      if c == '"' then return '\\"' elseif c == '\\' then return '\\\\' end
+      return string.format('\\u%04x', c:byte())
+    end) .. '"'
+  elseif t == 'number' then
+    if v == math.floor(v) and math.abs(v) < 1e15 then return string.format('%d', v) end
+    return string.format('%.14g', v)
+  elseif t == 'boolean' then
+    return tostring(v)
+  elseif t == 'table' then
+    if next(v) == nil or #v > 0 then
+      local out = {}
+      for i = 1, #v do out[i] = enc(v[i]) end
+      return '[' .. table.concat(out, ',') .. ']'
+    end
+    local keys = {}
+    for k in pairs(v) do keys[#keys + 1] = k end
+    table.sort(keys)
+    local out = {}
+    for i, k in ipairs(keys) do out[i] = enc(k) .. ':' .. enc(v[k]) end
+    return '{' .. table.concat(out, ',') .. '}'
+  end
+  return 'null'
+end
+
+local function round2(x) return math.floor(x * 100 + 0.5) / 100 end
+
+local S = load()
+if OP == 'reset' then
+  drop()
+  return {'', '', '{}', '{}', '[]'}
+end
+if OP == 'state' then
+  if not S then return {'', '', '{}', '{}', '[]'} end
+  return {'', '', enc(S), '{}', '[]'}
+end
+if S and S.profile ~= PROFILE then
+  return {'error', 'profile_mismatch', enc({profile = S.profile}), '{}', '[]'}
+end
+S = S or {
+  profile = PROFILE, created = NOW, steps = 0, blocked = 0, tools = {}, hist = {},
+  run = {n = 0}, sub = {}, retry = {}, hand = {chain = {}, n = 0}, kb = {},
+  ctx = {grow = 0, total = 0, sizes = {}}, cost = {usd = 0, tok = 0},
+}
+S.updated = NOW
+
+-- Findings: the first block wins, else the first warning, else allow.
+local found = {}
+local function finding(decision, reason, evidence)
+  found[#found + 1] = {decision, reason, evidence}
+end
+
+local function budget_ratio()
+  local busd, btok = S.cost.busd or L.budget_usd, S.cost.btok or L.budget_tokens
+  local r = 0
+  if busd > 0 then r = math.max(r, S.cost.usd / busd) end
+  if btok > 0 then r = math.max(r, S.cost.tok / btok) end
+  return r, busd, btok
+end
+
+local function check_budget()
+  local r = budget_ratio()
+  local ev = {percent = round2(r * 100)}
+  if r >= 1 then finding('block', 'budget_exhausted', ev)
+  elseif r >= L.budget_warn then finding('warn', 'budget_warning', ev) end
+end
+
+local function jaccard(a, b)
+  if #a == 0 or #b == 0 then return 0 end  -- nothing to compare is no evidence
+  local set, inter, union = {}, 0, #a
+  for _, x in ipairs(a) do set[x] = true end
+  for _, y in ipairs(b) do
+    if set[y] then inter = inter + 1 else union = union + 1 end
+  end
+  return inter / union
+end
+
+-- Two calls are the same when tool and arguments match and, where both have
+-- a reported result, the results match too (a changed result is progress).
+local function same_call(a, b)
+  if a.s ~= b.s then return false end
+  if a.r and b.r then return a.r == b.r end
+  return true
+end
+
+local function tool_state(name)
+  local t = S.tools[name]
+  if not t then
+    t = {n = 0, fail = 0, same = 0, toks = {}}
+    S.tools[name] = t
+  end
+  return t
+end
+
+local function push(list, item, cap)
+  list[#list + 1] = item
+  while #list > cap do table.remove(list, 1) end
+end
+
+local function meta()
+  local _, busd, btok = budget_ratio()
+  return enc({steps = S.steps, max_steps = L.max_steps, usd = S.cost.usd, tok = S.cost.tok,
+    busd = busd, btok = btok})
+end
+
+local function answer(commit)
+  local pick
+  for _, f in ipairs(found) do
+    if f[1] == 'block' then pick = f break end
+  end
+  if not pick then
+    for _, f in ipairs(found) do
+      if f[1] == 'warn' then pick = f break end
+    end
+  end
+  local blocked = pick ~= nil and pick[1] == 'block'
+  if blocked then S.blocked = S.blocked + 1 elseif commit then commit() end
+  save(S, L.ttl_ms)
+  local also = {}
+  for _, f in ipairs(found) do
+    if f ~= pick then also[#also + 1] = f[2] end
+  end
+  if not pick then return {'allow', 'ok', '{}', meta(), enc(also)} end
+  return {pick[1], pick[2], enc(pick[3]), meta(), enc(also)}
+end
+
+-- ---------------------------------------------------------------------------
+if OP == 'step' then
+  local name = P.tool
+  local t = S.tools[name] or {n = 0, fail = 0, same = 0, toks = {}}
+  local entry = {s = P.sig, t = name}
+  check_budget()
+  if not P.exempt then
+    if S.steps >= L.max_steps then
+      finding('block', 'step_limit', {steps = S.steps, max = L.max_steps})
+    end
+    if t.n >= L.max_per_tool then
+      finding('block', 'tool_call_limit', {tool = name, calls = t.n, max = L.max_per_tool})
+    end
+    if t.fail >= L.fail_block then
+      finding('block', 'failure_streak', {tool = name, failures = t.fail})
+    elseif t.fail >= L.fail_warn then
+      finding('warn', 'failure_streak', {tool = name, failures = t.fail})
+    end
+    if P.sub then
+      local sa = S.sub[name] or {n = 0}
+      if sa.n >= L.sub_max_calls then
+        finding('block', 'subagent_call_limit', {tool = name, calls = sa.n, max = L.sub_max_calls})
+      end
+      if sa.echo then
+        finding('block', 'subagent_repeated_response', {tool = name, similarity = sa.echo})
+      end
+    end
+    -- identical: without results every repeat counts; with results, only a
+    -- repeat after an unchanged result (the first result is the baseline)
+    local run, streak = S.run, 1
+    if run.s == P.sig then
+      if not run.has or run.same then streak = run.n + 1 end
+    end
+    if streak >= L.ident_block then
+      finding('block', 'identical_call', {tool = name, repeats = streak})
+    elseif streak >= L.ident_warn then
+      finding('warn', 'identical_call', {tool = name, repeats = streak})
+    end
+    -- cycle: the newest calls repeat with a period of cycle_min..cycle_max
+    local h = {}
+    for i = math.max(1, #S.hist - L.history + 2), #S.hist do h[#h + 1] = S.hist[i] end
+    h[#h + 1] = entry
+    local n, best_p, best_reps = #h, nil, 1
+    for p = L.cycle_min, L.cycle_max do
+      if 2 * p > n then break end
+      local distinct = false
+      for i = n - p + 2, n do
+        if h[i].s ~= h[n - p + 1].s then distinct = true break end
+      end
+      if distinct then
+        local m = 0
+        while n - m - p >= 1 and same_call(h[n - m], h[n - m - p]) do m = m + 1 end
+        local reps = 1 + math.floor(m / p)
+        if reps > best_reps then best_p, best_reps = p, reps end
+      end
+    end
+    if best_p then
+      local pattern = {}
+      for i = n - best_p + 1, n do pattern[#pattern + 1] = h[i].t end
+      local ev = {pattern = pattern, period = best_p, repetitions = best_reps}
+      if best_reps >= L.cycle_block then finding('block', 'tool_cycle', ev)
+      elseif best_reps >= L.cycle_warn then finding('warn', 'tool_cycle', ev) end
+    end
+    -- fixation: the tool's last calls since progress, all different, all alike
+    local win = {}
+    for i = math.max(1, #t.toks - L.fix_window + 2), #t.toks do win[#win + 1] = t.toks[i] end
+    win[#win + 1] = {s = P.sig, k = P.toks}
+    if #win >= L.fix_window then
+      local distinct, low = true, 1
+      for i = 1, #win do
+        for j = i + 1, #win do
+          if win[i].s == win[j].s then distinct = false end
+          low = math.min(low, jaccard(win[i].k, win[j].k))
+        end
+      end
+      if distinct and low >= L.fix_similarity then
+        finding('block', 'input_fixation', {tool = name, calls = #win, similarity = round2(low)})
+      end
+    end
+    -- exploration: unique (tool, input[, result]) over the recent calls
+    if n >= L.explore_min_calls then
+      local seen, u = {}, 0
+      for _, e in ipairs(h) do
+        local k = e.s .. ':' .. (e.r or '')
+        if not seen[k] then seen[k] = true u = u + 1 end
+      end
+      if u / n < L.explore_min_ratio then
+        finding('block', 'low_exploration', {unique = u, calls = n, ratio = round2(u / n)})
+      end
+    end
+  end
+  -- context: growth streak and total tokens
+  local size, grow, total = P.itok, S.ctx.grow, S.ctx.total
+  if size then
+    local last = S.ctx.sizes[#S.ctx.sizes]
+    if last and last > 0 and size * 100 >= L.drift_growth * last then grow = grow + 1 else grow = 0 end
+    total = total + size
+    if L.max_total_tokens > 0 and total > L.max_total_tokens then
+      finding('block', 'token_cap', {total_tokens = total, max = L.max_total_tokens})
+    elseif grow >= L.drift_steps then
+      local sizes = {}
+      for i = math.max(1, #S.ctx.sizes - L.drift_steps + 1), #S.ctx.sizes do
+        sizes[#sizes + 1] = S.ctx.sizes[i]
+      end
+      sizes[#sizes + 1] = size
+      finding('warn', 'context_growth', {sizes = sizes, growth_steps = grow})
+    end
+  end
+  return answer(function()
+    if size then
+      push(S.ctx.sizes, size, 8)
+      S.ctx.grow, S.ctx.total = grow, total
+    end
+    if P.exempt then return end
+    S.steps = S.steps + 1
+    t = tool_state(name)
+    t.n = t.n + 1
+    push(t.toks, {s = P.sig, k = P.toks}, L.fix_window)
+    push(S.hist, entry, L.history)
+    local run = S.run
+    if run.s == P.sig and (not run.has or run.same) then
+      run.n = run.n + 1
+    elseif run.s == P.sig then
+      run.n = 1
+    else
+      S.run = {s = P.sig, n = 1}
+      run = S.run
+    end
+    run.has, run.same = false, false
+    if P.sub then
+      local sa = S.sub[name] or {n = 0}
+      sa.n = sa.n + 1
+      S.sub[name] = sa
+    end
+  end)
+end
+
+-- ---------------------------------------------------------------------------
+if OP == 'result' then
+  local name = P.tool
+  if P.exempt then
+    check_budget()
+    return answer(nil)
+  end
+  local t = tool_state(name)
+  -- the result belongs to the newest call of this tool still without one
+  local call
+  for i = #S.hist, 1, -1 do
+    local e = S.hist[i]
+    if e.t == name and not e.r then call = e break end
+    if e.t == name then break end
+  end
+  if call then
+    call.r = P.rh
+    local newest = S.hist[#S.hist]
+    if newest == call and S.run.s == call.s then
+      S.run.same = S.run.r ~= nil and S.run.r == P.rh
+      S.run.r, S.run.has = P.rh, true
+    end
+  end
+  -- a changed result is progress: the fixation window restarts at this call
+  if t.res ~= nil and t.res ~= P.rh and #t.toks > 0 then
+    t.toks = {t.toks[#t.toks]}
+  end
+  if t.res == P.rh then t.same = t.same + 1 else t.same = 1 end
+  t.res = P.rh
+  if P.ok then t.fail = 0 else t.fail = t.fail + 1 end
+  if t.fail >= L.fail_block then
+    finding('block', 'failure_streak', {tool = name, failures = t.fail})
+  elseif t.fail >= L.fail_warn then
+    finding('warn', 'failure_streak', {tool = name, failures = t.fail})
+  end
+  if P.sub then
+    local sa = S.sub[name] or {n = 0}
+    if sa.toks then
+      local sim = jaccard(sa.toks, P.rtoks)
+      if sim >= L.sub_similarity then sa.echo = round2(sim) end
+    end
+    sa.toks = P.rtoks
+    S.sub[name] = sa
+    if sa.echo then
+      finding('block', 'subagent_repeated_response', {tool = name, similarity = sa.echo})
+    end
+  end
+  if t.same >= L.same_result_warn then
+    finding('warn', 'no_progress', {tool = name, same_results = t.same})
+  end
+  check_budget()
+  return answer(nil)
+end
+
+-- ---------------------------------------------------------------------------
+if OP == 'retry' then
+  local task = P.task
+  local r = S.retry[task] or {}
+  local kept = {}
+  for _, ts in ipairs(r) do
+    if ts > NOW - L.retry_window_ms then kept[#kept + 1] = ts end
+  end
+  S.retry[task] = kept
+  if P.precheck_failed then
+    finding('block', 'input_missing_prerequisite_signal', {task = task})
+  elseif #kept >= L.retry_max then
+    finding('block', 'retry_limit', {task = task, retries = #kept, max = L.retry_max,
+      window_seconds = L.retry_window_ms / 1000})
+  end
+  check_budget()
+  return answer(function() kept[#kept + 1] = NOW end)
+end
+
+-- ---------------------------------------------------------------------------
+if OP == 'handoff' then
+  local hand = S.hand
+  local chain = {}
+  for i, a in ipairs(hand.chain) do chain[i] = a end
+  if #chain == 0 then chain[1] = P.source end
+  chain[#chain + 1] = P.target
+  local visits = {}
+  for _, a in ipairs(chain) do visits[a] = (visits[a] or 0) + 1 end
+  if hand.n >= L.handoff_max then
+    finding('block', 'handoff_limit', {handoffs = hand.n, max = L.handoff_max, chain = chain})
+  end
+  if visits[P.target] > L.handoff_visits then
+    finding('block', 'handoff_revisit', {target = P.target, visits = visits[P.target],
+      max = L.handoff_visits, chain = chain})
+  end
+  check_budget()
+  return answer(function()
+    hand.n = hand.n + 1
+    hand.chain = chain
+    while #hand.chain > 64 do table.remove(hand.chain, 1) end
+  end)
+end
+
+-- ---------------------------------------------------------------------------
+if OP == 'kb' then
+  local k = S.kb[P.topic] or {ts = {}, best = -1}
+  local kept = {}
+  for _, ts in ipairs(k.ts) do
+    if ts > NOW - L.kb_window_ms then kept[#kept + 1] = ts end
+  end
+  k.ts = kept
+  if P.conf and P.conf > k.best then k.best = P.conf end
+  S.kb[P.topic] = k
+  if #kept >= L.kb_max then
+    finding('block', 'kb_requery', {queries = #kept, max = L.kb_max,
+      window_seconds = L.kb_window_ms / 1000, best_confidence = k.best})
+  end
+  check_budget()
+  return answer(function() kept[#kept + 1] = NOW end)
+end
+
+-- ---------------------------------------------------------------------------
+if OP == 'usage' then
+  S.cost.usd = S.cost.usd + P.usd
+  S.cost.tok = S.cost.tok + P.tok
+  if P.busd then S.cost.busd = P.busd end
+  if P.btok then S.cost.btok = P.btok end
+  check_budget()
+  return answer(nil)
+end
+
+return {'error', 'unknown_op', enc({op = OP}), '{}', '[]'}

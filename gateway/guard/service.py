@@ -1,0 +1,418 @@
+"""The agent guard: checks an agent framework calls before each step, and
+reports to after (README "Agent guard").
+
+Requests are validated here (a clear 400 names the field), normalised into
+the strings the detectors compare (gateway/guard/normalize.py), and passed
+with the session's profile to one atomic script call (gateway/guard/engine.py).
+Every answer is `allow`, `warn` or `block`, a stable reason code, a message
+an agent can show its model, the evidence, and the budget left.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+
+from gateway.config import GuardConfig, GuardProfile
+from gateway.guard import normalize
+from gateway.guard.engine import Engine
+
+SESSION = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
+MICRO = 1_000_000  # dollars and confidences travel as integer millionths
+
+Decision = str  # "allow" | "warn" | "block"
+
+# Every reason code, with what it means (README "Agent guard" lists them too).
+REASONS: dict[str, str] = {
+    "ok": "nothing repeats; go on",
+    "identical_call": "the same tool with the same arguments (and result) in a row",
+    "tool_cycle": "a sequence of calls repeating (A B A B, A B C A B C)",
+    "input_fixation": "the tool's last calls rephrase one input without progress",
+    "low_exploration": "few distinct calls among the recent ones",
+    "failure_streak": "one tool failing again and again, whatever the arguments",
+    "no_progress": "one tool returning the same result again and again",
+    "subagent_call_limit": "a sub-agent called more often than allowed",
+    "subagent_repeated_response": "a sub-agent answering the same thing twice in a row",
+    "input_missing_prerequisite_signal": "a retry whose input lacks what the task needs",
+    "retry_limit": "a task retried more often than allowed in the window",
+    "handoff_limit": "more handoffs than allowed in the session",
+    "handoff_revisit": "a handoff back to an agent visited too often",
+    "kb_requery": "the same question asked of the knowledge base again",
+    "context_growth": "the context grew sharply several steps in a row",
+    "token_cap": "the session's total input tokens passed the cap",
+    "budget_warning": "80 % or more of the session's budget is spent",
+    "budget_exhausted": "the session's budget is spent",
+    "step_limit": "the session's step ceiling is reached",
+    "tool_call_limit": "one tool's call ceiling is reached",
+}
+
+
+class GuardInputError(ValueError):
+    """A request the agent must fix (answered 400)."""
+
+
+class ProfileConflict(Exception):
+    """The session runs under another profile (answered 409)."""
+
+
+# -- requests ---------------------------------------------------------------
+
+Name = Annotated[str, Field(min_length=1, max_length=200)]
+Tokens = Annotated[int, Field(ge=0, le=10**12)]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class StepBody(_Body):
+    tool: Name
+    args: Any = Field(default_factory=dict)
+    input_tokens: Tokens | None = None
+
+
+class ResultBody(_Body):
+    tool: Name
+    ok: StrictBool = True
+    output: Any = None
+
+
+class RetryBody(_Body):
+    task: Name
+    input: str = ""
+    error: Any = None
+
+
+class HandoffBody(_Body):
+    source: Name
+    target: Name
+
+
+class KbQueryBody(_Body):
+    question: Annotated[str, Field(min_length=1, max_length=10_000)]
+    confidence: Annotated[float, Field(ge=0, le=1)] | None = None
+
+
+class UsageBody(_Body):
+    cost_usd: Annotated[float, Field(ge=0, le=10**7)] = 0.0
+    tokens: Tokens = 0
+    budget_usd: Annotated[float, Field(gt=0, le=10**7)] | None = None
+    budget_tokens: Annotated[int, Field(ge=1, le=10**13)] | None = None
+
+
+def _parse(model: type[_Body], body: Any) -> Any:
+    if not isinstance(body, dict):
+        raise GuardInputError("body: must be a JSON object")
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "body"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        elif err["type"] == "int_type" and isinstance(err.get("input"), float):
+            msg = "must be a whole number"
+        raise GuardInputError(f"{where}: {msg}") from None
+
+
+def check_session(session: str) -> str:
+    if not SESSION.match(session):
+        raise GuardInputError("session: use 1-128 of A-Z a-z 0-9 . _ : @ -")
+    return session
+
+
+# -- answers ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Answer:
+    session: str
+    decision: Decision
+    reason: str
+    message: str
+    evidence: dict[str, Any]
+    also: list[str] = field(default_factory=list)
+    budget: dict[str, Any] = field(default_factory=dict)
+    steps: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def status(self) -> int:
+        return 429 if self.decision == "block" else 200
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "session": self.session,
+            "decision": self.decision,
+            "reason": self.reason,
+            "message": self.message,
+            "evidence": self.evidence,
+            "also": self.also,
+            "budget": self.budget,
+            "steps": self.steps,
+        }
+
+
+def _money(micro: int) -> float:
+    return round(micro / MICRO, 6)
+
+
+def _budget(meta: dict[str, Any]) -> dict[str, Any]:
+    busd, btok = int(meta.get("busd", 0)), int(meta.get("btok", 0))
+    usd, tok = int(meta.get("usd", 0)), int(meta.get("tok", 0))
+    return {
+        "usd_spent": _money(usd),
+        "usd_limit": _money(busd) if busd else None,
+        "usd_remaining": _money(max(0, busd - usd)) if busd else None,
+        "tokens_spent": tok,
+        "tokens_limit": btok or None,
+        "tokens_remaining": max(0, btok - tok) if btok else None,
+    }
+
+
+def message(reason: str, ev: dict[str, Any], budget: dict[str, Any]) -> str:
+    """What an agent can show its model: what repeated, and what to do instead."""
+    tool = ev.get("tool", "")
+    if reason == "ok":
+        return "Go ahead."
+    if reason == "identical_call":
+        return (f"You called {tool} with the same arguments {ev['repeats']} times in a row "
+                "and got nothing new. Do not call it again with these arguments: change the "
+                "arguments, use another tool, or answer with what you have.")  # fmt: skip
+    if reason == "tool_cycle":
+        pattern = " → ".join(ev["pattern"])
+        return (f"You are going round in a cycle ({pattern}), repeated "
+                f"{ev['repetitions']} times with the same inputs. Break it: try something "
+                "different or answer with what you have.")  # fmt: skip
+    if reason == "input_fixation":
+        return (f"Your last {ev['calls']} calls to {tool} ask nearly the same thing "
+                f"(similarity {ev['similarity']:.2f}) and nothing changed. Rewording will not "
+                "help: use another source or tool, or say what you could not find.")  # fmt: skip
+    if reason == "low_exploration":
+        return (f"Only {ev['unique']} of your last {ev['calls']} calls were different. You "
+                "are repeating yourself: stop and answer, or try a new approach.")  # fmt: skip
+    if reason == "failure_streak":
+        return (f"{tool} failed {ev['failures']} times in a row, whatever the arguments. "
+                "Stop calling it: use another tool or report the failure.")  # fmt: skip
+    if reason == "no_progress":
+        return (f"{tool} returned the same result {ev['same_results']} times in a row. "
+                "Calling it again will not change it: act on the result or move on.")  # fmt: skip
+    if reason == "subagent_call_limit":
+        return (f"You delegated to {tool} {ev['calls']} times already (at most "
+                f"{ev['max']}). Do the rest yourself or answer with what you have.")  # fmt: skip
+    if reason == "subagent_repeated_response":
+        return (f"{tool} answered the same thing twice in a row (similarity "
+                f"{ev['similarity']:.2f}). Asking again will not help: use its answer or "
+                "do it another way.")  # fmt: skip
+    if reason == "input_missing_prerequisite_signal":
+        return (f"Retrying {ev['task']} cannot succeed: the input does not contain what the "
+                "task needs. Ask the user for the missing information instead.")  # fmt: skip
+    if reason == "retry_limit":
+        return (f"{ev['task']} was retried {ev['retries']} times in the last "
+                f"{ev['window_seconds']:g} s (at most {ev['max']}). Stop retrying: report the "
+                "error or ask for help.")  # fmt: skip
+    if reason == "handoff_limit":
+        return (f"This conversation was handed off {ev['handoffs']} times "
+                f"({' → '.join(ev['chain'])}). Stop handing it off: answer it or escalate "
+                "to a person.")  # fmt: skip
+    if reason == "handoff_revisit":
+        return (f"Handing off to {ev['target']} again would be visit {ev['visits']} "
+                f"(at most {ev['max']}): {' → '.join(ev['chain'])}. The agents are passing "
+                "it around: answer it or escalate to a person.")  # fmt: skip
+    if reason == "kb_requery":
+        best = ev.get("best_confidence")
+        seen = f"; the best confidence so far was {best:.2f}" if best is not None else ""
+        return (f"This question was already asked of the knowledge base {ev['queries']} "
+                f"times in the last {ev['window_seconds']:g} s{seen}. The documents do not "
+                "answer it better: say what is known, or hand it to a person.")  # fmt: skip
+    if reason == "context_growth":
+        sizes = ", ".join(str(s) for s in ev["sizes"])
+        return (f"Your context grew sharply {ev['growth_steps']} steps in a row ({sizes} "
+                "tokens). Summarise or drop old context before going on.")  # fmt: skip
+    if reason == "token_cap":
+        return (f"This session has sent {ev['total_tokens']} input tokens, over its cap of "
+                f"{ev['max']}. Stop here and answer with what you have.")  # fmt: skip
+    if reason in ("budget_warning", "budget_exhausted"):
+        left = []
+        if budget.get("usd_remaining") is not None:
+            left.append(f"${budget['usd_remaining']:.4f}")
+        if budget.get("tokens_remaining") is not None:
+            left.append(f"{budget['tokens_remaining']} tokens")
+        rest = " and ".join(left) or "nothing"
+        if reason == "budget_exhausted":
+            return "The session's budget is spent. Stop and answer with what you have."
+        return (f"{ev['percent']:g} % of the session's budget is spent; {rest} left. "
+                "Finish up.")  # fmt: skip
+    if reason == "step_limit":
+        return (f"This session has taken {ev['steps']} steps, its ceiling. Stop and answer "
+                "with what you have.")  # fmt: skip
+    if reason == "tool_call_limit":
+        return (f"{tool} has been called {ev['calls']} times in this session, its ceiling. "
+                "Use what it returned or another tool.")  # fmt: skip
+    return REASONS.get(reason, reason)
+
+
+# -- the guard ------------------------------------------------------------------
+
+
+def limits_of(profile: GuardProfile, ttl_seconds: int) -> str:
+    """The profile as the script reads it: flat, integers where stored."""
+    p = profile
+    return json.dumps({
+        "ident_warn": p.identical.warn_at, "ident_block": p.identical.block_at,
+        "cycle_min": p.cycle.min_period, "cycle_max": p.cycle.max_period,
+        "history": p.cycle.history, "cycle_warn": p.cycle.warn_at,
+        "cycle_block": p.cycle.block_at,
+        "fix_window": p.fixation.window, "fix_similarity": p.fixation.similarity,
+        "explore_min_calls": p.exploration.min_calls,
+        "explore_min_ratio": p.exploration.min_ratio,
+        "fail_warn": p.failures.warn_at, "fail_block": p.failures.block_at,
+        "same_result_warn": p.no_progress_at,
+        "sub_max_calls": p.subagents.max_calls, "sub_similarity": p.subagents.similarity,
+        "retry_max": p.retry.max_retries,
+        "retry_window_ms": round(p.retry.window_seconds * 1000),
+        "handoff_max": p.handoff.max_handoffs, "handoff_visits": p.handoff.max_visits,
+        "kb_max": p.knowledge.max_queries,
+        "kb_window_ms": round(p.knowledge.window_seconds * 1000),
+        "drift_growth": round(p.context.growth * 100), "drift_steps": p.context.growth_steps,
+        "max_total_tokens": p.context.max_total_tokens or 0,
+        "budget_usd": round((p.budget.usd or 0) * MICRO), "budget_tokens": p.budget.tokens or 0,
+        "budget_warn": p.budget.warn_at,
+        "max_steps": p.steps.max_steps, "max_per_tool": p.steps.max_per_tool,
+        "ttl_ms": ttl_seconds * 1000,
+    }, sort_keys=True)  # fmt: skip
+
+
+class Guard:
+    """`clock` (seconds) injects time for tests; by default the store's own."""
+
+    def __init__(
+        self, config: GuardConfig, engine: Engine, clock: Callable[[], float] | None = None
+    ) -> None:
+        self.engine = engine
+        self.clock = clock
+        self.configure(config)
+
+    def configure(self, config: GuardConfig) -> None:
+        """New profiles (SIGHUP) apply from the next check."""
+        self.config = config
+        self._limits = {
+            name: limits_of(p, config.session_ttl_seconds) for name, p in config.profiles.items()
+        }
+
+    def profile(self, name: str | None) -> tuple[str, GuardProfile]:
+        name = name or "default"
+        found = self.config.profiles.get(name)
+        if found is None:
+            known = ", ".join(sorted(self.config.profiles))
+            raise GuardInputError(f"profile: no profile named {name!r} (profiles: {known})")
+        return name, found
+
+    async def _check(
+        self, session: str, profile: str | None, op: str, payload: dict[str, Any]
+    ) -> Answer:
+        check_session(session)
+        name, _ = self.profile(profile)
+        now_ms = None if self.clock is None else round(self.clock() * 1000)
+        raw = await self.engine.run(
+            session, op, self._limits[name], json.dumps(payload), name, now_ms
+        )
+        decision, reason, evidence, meta, also = raw
+        ev = json.loads(evidence)
+        if decision == "error":
+            if reason == "profile_mismatch":
+                raise ProfileConflict(
+                    f"session {session!r} runs under profile {ev.get('profile')!r}; pass "
+                    f"?profile={ev.get('profile')} or DELETE the session to start over"
+                )
+            raise RuntimeError(f"guard script: {reason} {ev}")  # a bug, not bad input
+        info = json.loads(meta)
+        if "best_confidence" in ev:
+            best = ev["best_confidence"]
+            ev["best_confidence"] = None if best < 0 else round(best / MICRO, 6)
+        budget = _budget(info)
+        steps = {"used": info.get("steps", 0), "max": info.get("max_steps")}
+        return Answer(
+            session=session,
+            decision=decision,
+            reason=reason,
+            message=message(reason, ev, budget),
+            evidence=ev,
+            also=json.loads(also),
+            budget=budget,
+            steps=steps,
+        )
+
+    async def step(self, session: str, body: Any, profile: str | None = None) -> Answer:
+        req = _parse(StepBody, body)
+        _, p = self.profile(profile)
+        payload: dict[str, Any] = {
+            "tool": req.tool,
+            "sig": normalize.signature(req.tool, req.args),
+            "toks": normalize.tokens(req.args),
+            "exempt": req.tool in p.exempt_tools,
+            "sub": req.tool in p.subagents.tools,
+        }
+        if req.input_tokens is not None:
+            payload["itok"] = req.input_tokens
+        return await self._check(session, profile, "step", payload)
+
+    async def result(self, session: str, body: Any, profile: str | None = None) -> Answer:
+        req = _parse(ResultBody, body)
+        _, p = self.profile(profile)
+        sub = req.tool in p.subagents.tools
+        payload = {
+            "tool": req.tool,
+            "ok": req.ok,
+            "rh": normalize.result_hash(req.output),
+            "exempt": req.tool in p.exempt_tools,
+            "sub": sub,
+            "rtoks": normalize.tokens(req.output) if sub else [],
+        }
+        return await self._check(session, profile, "result", payload)
+
+    async def retry(self, session: str, body: Any, profile: str | None = None) -> Answer:
+        req = _parse(RetryBody, body)
+        _, p = self.profile(profile)
+        pattern = p.retry.prechecks.get(req.task)
+        failed = pattern is not None and re.search(pattern, req.input) is None
+        return await self._check(
+            session, profile, "retry", {"task": req.task, "precheck_failed": failed}
+        )
+
+    async def handoff(self, session: str, body: Any, profile: str | None = None) -> Answer:
+        req = _parse(HandoffBody, body)
+        payload = {"source": req.source, "target": req.target}
+        return await self._check(session, profile, "handoff", payload)
+
+    async def kb_query(self, session: str, body: Any, profile: str | None = None) -> Answer:
+        req = _parse(KbQueryBody, body)
+        payload: dict[str, Any] = {"topic": normalize.topic(req.question)}
+        if req.confidence is not None:
+            payload["conf"] = round(req.confidence * MICRO)
+        return await self._check(session, profile, "kb", payload)
+
+    async def usage(self, session: str, body: Any, profile: str | None = None) -> Answer:
+        req = _parse(UsageBody, body)
+        payload: dict[str, Any] = {"usd": round(req.cost_usd * MICRO), "tok": req.tokens}
+        if req.budget_usd is not None:
+            payload["busd"] = round(req.budget_usd * MICRO)
+        if req.budget_tokens is not None:
+            payload["btok"] = req.budget_tokens
+        return await self._check(session, profile, "usage", payload)
+
+    async def state(self, session: str) -> dict[str, Any] | None:
+        """The session's state and history, or None when there is none."""
+        check_session(session)
+        raw = await self.engine.run(session, "state", "{}", "{}", "", None)
+        state = json.loads(raw[2])
+        return state or None
+
+    async def reset(self, session: str) -> None:
+        check_session(session)
+        await self.engine.run(session, "reset", "{}", "{}", "", None)
