@@ -118,7 +118,8 @@ def tokens(value: Any) -> list[str]:
 
 
 def topic(question: str) -> str:
-    """A question's fingerprint: its words minus stop words, as a set, so a
-    reworded or reordered re-ask is the same topic."""
-    words = {w.lower() for w in _WORD.findall(question)} - STOPWORDS
+    """A question's fingerprint: its words (longer than one letter, so "what's"
+    is "what") minus stop words, as a set, so a reordered re-ask or one with
+    other filler words is the same topic."""
+    words = {w.lower() for w in _WORD.findall(question) if len(w) > 1} - STOPWORDS
     return digest(" ".join(sorted(words)))

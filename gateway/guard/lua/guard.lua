@@ -309,8 +309,11 @@ if OP == 'result' then
   if t.res ~= nil and t.res ~= P.rh and #t.toks > 0 then
     t.toks = {t.toks[#t.toks]}
   end
-  if t.res == P.rh then t.same = t.same + 1 else t.same = 1 end
-  t.res = P.rh
+  -- no progress: the same result again, with nothing new from any tool since
+  local changed = t.res ~= P.rh
+  if not changed and t.epoch == S.epoch then t.same = t.same + 1 else t.same = 1 end
+  if changed then S.epoch = (S.epoch or 0) + 1 end
+  t.res, t.epoch = P.rh, S.epoch
   if P.ok then t.fail = 0 else t.fail = t.fail + 1 end
   if t.fail >= L.fail_block then
     finding('block', 'failure_streak', {tool = name, failures = t.fail})

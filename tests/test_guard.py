@@ -1,0 +1,489 @@
+"""The agent guard's detectors, each tripped at exactly its step, and the
+legitimate sequences that must trip nothing - on memory (lupa) and on a real
+Redis, with one injected clock."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from gateway.config import GuardConfig, parse_config
+from gateway.guard.engine import MemoryEngine, RedisEngine
+from gateway.guard.service import REASONS, Answer, Guard, GuardInputError, ProfileConflict
+from gateway.store.redis import RedisStore
+from tests.conftest import delete_prefix
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def guard_config(yaml_guard: str = "") -> GuardConfig:
+    text = yaml_guard + "bots: [{name: a, platform: http, backend: {type: echo}}]\n"
+    return parse_config(text).guard
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def engine_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def make(engine_kind: str, request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    """make(config) -> a Guard on this test's engine, with a shared clock."""
+    clock = Clock()
+    stores: list[RedisStore] = []
+
+    def build(config: GuardConfig | None = None) -> Guard:
+        config = config or guard_config()
+        if engine_kind == "memory":
+            return Guard(config, MemoryEngine(clock), clock)
+        url = request.getfixturevalue("redis_url")
+        prefix = request.getfixturevalue("key_prefix")
+        store = RedisStore.from_url(url, prefix=prefix)
+        stores.append(store)
+        return Guard(config, RedisEngine(store), clock)
+
+    build.clock = clock  # type: ignore[attr-defined]
+    yield build
+    for store in stores:
+        await delete_prefix(store, store.prefix)
+        await store.close()
+
+
+@pytest.fixture
+def guard(make: Any) -> Guard:
+    return make()  # type: ignore[no-any-return]
+
+
+def seen(answers: list[Answer]) -> list[tuple[str, str]]:
+    return [(a.decision, a.reason) for a in answers]
+
+
+async def steps(guard: Guard, calls: list[tuple[str, Any]], session: str = "s") -> list[Answer]:
+    return [await guard.step(session, {"tool": t, "args": a}) for t, a in calls]
+
+
+ALLOW = ("allow", "ok")
+
+# -- 1. identical call ---------------------------------------------------------
+
+
+async def test_identical_call_warns_at_the_second_and_blocks_at_the_third(guard: Guard) -> None:
+    got = await steps(guard, [("search", {"q": "x", "n": 1})] * 4)
+    assert seen(got) == [
+        ALLOW,
+        ("warn", "identical_call"),
+        ("block", "identical_call"),
+        ("block", "identical_call"),  # a blocked call is not made, so it stays blocked
+    ]
+    assert got[2].evidence == {"tool": "search", "repeats": 3}
+    assert got[2].status == 429 and got[1].status == 200
+    assert "search" in got[2].message and "same arguments" in got[2].message
+    # argument order does not make a call different
+    again = await guard.step("s2", {"tool": "t", "args": {"a": 1, "b": 2}})
+    assert again.decision == "allow"
+    assert (await guard.step("s2", {"tool": "t", "args": {"b": 2, "a": 1}})).decision == "warn"
+
+
+async def test_with_results_a_repeat_counts_after_an_unchanged_result(guard: Guard) -> None:
+    """The first result is the baseline: same call after the same result warns
+    at the 3rd call, blocks at the 4th; a changed result starts over."""
+    out = []
+    for _ in range(4):
+        out.append(await guard.step("s", {"tool": "status", "args": {"job": 7}}))
+        await guard.result("s", {"tool": "status", "ok": True, "output": {"state": "queued"}})
+    assert seen(out) == [
+        ALLOW,
+        ALLOW,
+        ("warn", "identical_call"),
+        ("block", "identical_call"),
+    ]
+
+
+async def test_exempt_tools_are_never_counted(make: Any) -> None:
+    guard = make(guard_config("guard: {profiles: {default: {exempt_tools: [now]}}}\n"))
+    got = await steps(guard, [("now", {})] * 6)
+    assert seen(got) == [ALLOW] * 6
+    assert got[-1].steps["used"] == 0
+
+
+# -- 2. cycle ------------------------------------------------------------------
+
+
+async def test_a_two_step_cycle_warns_at_two_repetitions_blocks_at_three(guard: Guard) -> None:
+    ab = [("open", {"id": 1}), ("search", {"q": "x"})]
+    got = await steps(guard, ab * 3)
+    # still in the cycle after the warning: warned again until the block
+    assert seen(got) == [ALLOW, ALLOW, ALLOW, ("warn", "tool_cycle"), ("warn", "tool_cycle"),
+                         ("block", "tool_cycle")]  # fmt: skip
+    assert got[3].evidence == {"pattern": ["open", "search"], "period": 2, "repetitions": 2}
+    assert got[5].evidence["repetitions"] == 3
+    assert "open → search" in got[5].message
+
+
+async def test_a_three_step_cycle_warns_at_six_and_blocks_at_nine(make: Any) -> None:
+    """A 3-cycle has 3 distinct calls in 8, so with the default profile low
+    exploration blocks it first, at the 8th call; with exploration judged later,
+    the cycle detector blocks at the 9th (3 full repetitions)."""
+    abc = [("plan", {}), ("search", {"q": "x"}), ("read", {"u": 1})]
+    got = await steps(make(), abc * 3)
+    assert seen(got)[:8] == [ALLOW] * 5 + [("warn", "tool_cycle")] * 2 + [
+        ("block", "low_exploration")]  # fmt: skip
+    assert got[7].also == ["tool_cycle"]
+    later = make(guard_config("guard: {profiles: {default: {exploration: {min_calls: 12}}}}\n"))
+    got = await steps(later, abc * 3, session="s2")
+    assert seen(got) == [ALLOW] * 5 + [("warn", "tool_cycle")] * 3 + [("block", "tool_cycle")]
+    assert got[8].evidence == {"pattern": ["plan", "search", "read"], "period": 3,
+                               "repetitions": 3}  # fmt: skip
+
+
+async def test_a_cycle_whose_results_change_is_progress(guard: Guard) -> None:
+    out = []
+    for i in range(4):
+        for tool in ("fetch", "parse"):
+            out.append(await guard.step("s", {"tool": tool, "args": {}}))
+            await guard.result("s", {"tool": tool, "ok": True, "output": f"{tool} {i}"})
+    assert seen(out) == [ALLOW] * 8
+
+
+# -- 3. fixation ---------------------------------------------------------------
+
+REPHRASED = [
+    "cheap flights paris london march",
+    "cheap flights paris london march tickets",
+    "cheap flights paris london march deals",
+    "cheap flights paris london march fares",
+]
+
+
+async def test_four_rephrasings_of_one_query_are_blocked_at_the_fourth(guard: Guard) -> None:
+    got = await steps(guard, [("web_search", {"query": q}) for q in REPHRASED])
+    assert seen(got) == [ALLOW, ALLOW, ALLOW, ("block", "input_fixation")]
+    assert got[3].evidence == {"tool": "web_search", "calls": 4, "similarity": 0.71}
+
+
+# -- 4. low exploration --------------------------------------------------------
+
+
+async def test_few_distinct_calls_among_eight_are_blocked(guard: Guard) -> None:
+    got = await steps(guard, [(t, {}) for t in "ABACABCA"])
+    assert seen(got) == [ALLOW] * 7 + [("block", "low_exploration")]
+    assert got[7].evidence == {"unique": 3, "calls": 8, "ratio": 0.38}
+    assert got[7].also == []
+
+
+# -- 5. failure streak, 6. no progress -----------------------------------------
+
+
+async def test_a_failing_tool_warns_at_three_failures_and_blocks_at_five(guard: Guard) -> None:
+    results = []
+    for i in range(5):
+        await guard.step("s", {"tool": "deploy", "args": {"try": i}})
+        results.append(await guard.result("s", {"tool": "deploy", "ok": False,
+                                                "output": f"error {i}"}))  # fmt: skip
+    assert seen(results) == [ALLOW, ALLOW, ("warn", "failure_streak"), ("warn", "failure_streak"),
+                             ("block", "failure_streak")]  # fmt: skip
+    nxt = await guard.step("s", {"tool": "deploy", "args": {"try": 99}})
+    assert (nxt.decision, nxt.reason, nxt.evidence["failures"]) == ("block", "failure_streak", 5)
+    # a success resets the streak
+    await guard.step("t", {"tool": "deploy", "args": {"try": 1}})
+    for ok in (False, False, True, False):
+        last = await guard.result("t", {"tool": "deploy", "ok": ok, "output": str(ok)})
+    assert last.decision == "allow"
+
+
+async def test_the_same_result_three_times_warns_no_progress(guard: Guard) -> None:
+    results = []
+    for i in range(3):
+        await guard.step("s", {"tool": "lookup", "args": {"id": i}})
+        results.append(await guard.result("s", {"tool": "lookup", "output": {"found": 0}}))
+    assert seen(results) == [ALLOW, ALLOW, ("warn", "no_progress")]
+    assert results[2].evidence == {"tool": "lookup", "same_results": 3}
+
+
+# -- 7. sub-agents -------------------------------------------------------------
+
+SUB = "guard: {profiles: {default: {subagents: {tools: [researcher]}}}}\n"
+
+
+async def test_a_fourth_delegation_to_a_sub_agent_is_blocked(make: Any) -> None:
+    guard = make(guard_config(SUB))
+    out = []
+    for i in range(4):
+        out.append(await guard.step("s", {"tool": "researcher", "args": {"task": f"part {i}"}}))
+        await guard.result("s", {"tool": "researcher", "output": f"finding number {i} " * i})
+    assert seen(out) == [ALLOW, ALLOW, ALLOW, ("block", "subagent_call_limit")]
+
+
+async def test_a_sub_agent_answering_the_same_twice_is_blocked(make: Any) -> None:
+    guard = make(guard_config(SUB))
+    await guard.step("s", {"tool": "researcher", "args": {"task": "a"}})
+    first = await guard.result(
+        "s", {"tool": "researcher", "output": "the report covers revenue costs and margins"}
+    )
+    await guard.step("s", {"tool": "researcher", "args": {"task": "b"}})
+    second = await guard.result(
+        "s", {"tool": "researcher", "output": "the report covers revenue, costs and margins!"}
+    )
+    assert seen([first, second]) == [ALLOW, ("block", "subagent_repeated_response")]
+    nxt = await guard.step("s", {"tool": "researcher", "args": {"task": "c"}})
+    assert (nxt.decision, nxt.reason) == ("block", "subagent_repeated_response")
+
+
+# -- 8. retries ----------------------------------------------------------------
+
+RETRY = 'guard: {profiles: {default: {retry: {prechecks: {invoice: "INV-\\\\d+"}}}}}\n'
+
+
+async def test_a_retry_that_cannot_succeed_is_blocked_at_once(make: Any) -> None:
+    guard = make(guard_config(RETRY))
+    hopeless = await guard.retry("s", {"task": "invoice", "input": "please pay", "error": "x"})
+    assert (hopeless.decision, hopeless.reason) == ("block", "input_missing_prerequisite_signal")
+    ok = await guard.retry("s", {"task": "invoice", "input": "pay INV-42", "error": "x"})
+    assert ok.decision == "allow"
+
+
+async def test_a_task_is_retried_at_most_twice_an_hour(make: Any) -> None:
+    guard = make()
+    got = [await guard.retry("s", {"task": "summarise", "input": "x"}) for _ in range(3)]
+    assert seen(got) == [ALLOW, ALLOW, ("block", "retry_limit")]
+    assert got[2].evidence == {"task": "summarise", "retries": 2, "max": 2,
+                               "window_seconds": 3600}  # fmt: skip
+    other = await guard.retry("s", {"task": "translate", "input": "x"})
+    assert other.decision == "allow"  # per task
+    make.clock.now += 3601
+    assert (await guard.retry("s", {"task": "summarise", "input": "x"})).decision == "allow"
+
+
+# -- 9. handoffs ---------------------------------------------------------------
+
+
+async def test_handing_back_to_an_agent_a_third_time_is_blocked(guard: Guard) -> None:
+    hops = [("billing", "subscriptions"), ("subscriptions", "billing"),
+            ("billing", "subscriptions"), ("subscriptions", "billing")]  # fmt: skip
+    got = [await guard.handoff("s", {"source": s, "target": t}) for s, t in hops]
+    assert seen(got) == [ALLOW, ALLOW, ALLOW, ("block", "handoff_revisit")]
+    assert got[3].evidence["chain"] == [
+        "billing", "subscriptions", "billing", "subscriptions", "billing"
+    ]  # fmt: skip
+    assert "billing → subscriptions → billing" in got[3].message
+
+
+async def test_a_seventh_handoff_is_blocked(guard: Guard) -> None:
+    agents = ["triage", "a", "b", "c", "d", "e", "f", "g"]
+    got = [
+        await guard.handoff("s", {"source": agents[i], "target": agents[i + 1]}) for i in range(7)
+    ]
+    assert seen(got) == [ALLOW] * 6 + [("block", "handoff_limit")]
+    assert got[6].evidence["handoffs"] == 6
+
+
+# -- 10. knowledge base ---------------------------------------------------------
+
+
+async def test_a_question_asked_of_the_kb_a_third_time_is_blocked(make: Any) -> None:
+    guard = make()
+    asks = [
+        ("What is the refund policy for annual plans?", 0.41),
+        ("refund policy annual plans", 0.38),
+        ("Annual plans: what's the refund policy?", None),
+    ]
+    got = [await guard.kb_query("s", {"question": q, "confidence": c}) for q, c in asks]
+    assert seen(got) == [ALLOW, ALLOW, ("block", "kb_requery")]
+    assert got[2].evidence["best_confidence"] == 0.41
+    assert "0.41" in got[2].message
+    assert (await guard.kb_query("s", {"question": "How do I export data?"})).decision == "allow"
+    make.clock.now += 901
+    assert (await guard.kb_query("s", {"question": asks[0][0]})).decision == "allow"
+
+
+# -- 11. context drift ----------------------------------------------------------
+
+
+async def test_three_sharp_context_growths_in_a_row_warn(guard: Guard) -> None:
+    sizes = [1000, 1400, 1900, 2600, 2700]
+    got = [
+        await guard.step("s", {"tool": f"t{i}", "args": {}, "input_tokens": n})
+        for i, n in enumerate(sizes)
+    ]
+    assert seen(got) == [ALLOW, ALLOW, ALLOW, ("warn", "context_growth"), ALLOW]
+    assert got[3].evidence == {"sizes": [1000, 1400, 1900, 2600], "growth_steps": 3}
+
+
+async def test_total_tokens_over_the_cap_block(make: Any) -> None:
+    guard = make(
+        guard_config("guard: {profiles: {default: {context: {max_total_tokens: 5000}}}}\n")
+    )
+    got = [
+        await guard.step("s", {"tool": f"t{i}", "args": {}, "input_tokens": 2000}) for i in range(3)
+    ]
+    assert seen(got) == [ALLOW, ALLOW, ("block", "token_cap")]
+    assert got[2].evidence == {"total_tokens": 6000, "max": 5000}
+
+
+# -- 12. budget ----------------------------------------------------------------
+
+
+async def test_a_budget_warns_at_80_percent_and_blocks_at_100(guard: Guard) -> None:
+    first = await guard.usage("s", {"cost_usd": 0.5, "tokens": 100, "budget_usd": 1.0})
+    assert first.budget == {"usd_spent": 0.5, "usd_limit": 1.0, "usd_remaining": 0.5,
+                            "tokens_spent": 100, "tokens_limit": None,
+                            "tokens_remaining": None}  # fmt: skip
+    warned = await guard.usage("s", {"cost_usd": 0.31})
+    assert (warned.decision, warned.reason) == ("warn", "budget_warning")
+    assert warned.evidence == {"percent": 81}
+    step = await guard.step("s", {"tool": "search", "args": {}})
+    assert (step.decision, step.reason) == ("warn", "budget_warning")
+    assert step.budget["usd_remaining"] == 0.19  # in every answer
+    spent = await guard.usage("s", {"cost_usd": 0.2})
+    assert (spent.decision, spent.reason) == ("block", "budget_exhausted")
+    after = await guard.step("s", {"tool": "other", "args": {}})
+    assert (after.decision, after.reason, after.budget["usd_remaining"]) == (
+        "block", "budget_exhausted", 0.0)  # fmt: skip
+
+
+async def test_a_token_budget_from_the_profile(make: Any) -> None:
+    guard = make(guard_config("guard: {profiles: {default: {budget: {tokens: 1000}}}}\n"))
+    got = [await guard.usage("s", {"tokens": 400}) for _ in range(3)]
+    assert seen(got) == [ALLOW, ("warn", "budget_warning"), ("block", "budget_exhausted")]
+    assert got[0].budget["tokens_remaining"] == 600
+
+
+# -- 13. ceilings ----------------------------------------------------------------
+
+WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india",
+         "juliet", "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo",
+         "sierra", "tango", "uniform", "victor", "whiskey", "xray", "yankee", "zulu"]  # fmt: skip
+
+
+async def test_the_fifty_first_step_is_blocked(guard: Guard) -> None:
+    got = await steps(guard, [(f"tool{i}", {}) for i in range(51)])
+    assert seen(got) == [ALLOW] * 50 + [("block", "step_limit")]
+    assert got[50].steps == {"used": 50, "max": 50}
+
+
+async def test_one_tool_at_most_twenty_five_times(guard: Guard) -> None:
+    got = await steps(guard, [("lookup", {"word": w}) for w in WORDS])
+    assert seen(got) == [ALLOW] * 25 + [("block", "tool_call_limit")]
+    assert got[25].evidence == {"tool": "lookup", "calls": 25, "max": 25}
+
+
+# -- legitimate sequences: nothing trips ------------------------------------------
+
+
+async def test_a_paginated_search_reporting_results_trips_nothing(guard: Guard) -> None:
+    out = []
+    query = "best independent bookshops open on sunday in central london"
+    for page in range(1, 13):
+        out.append(await guard.step("s", {"tool": "search", "args": {"query": query,
+                                                                        "page": page}}))  # fmt: skip
+        out.append(await guard.result("s", {"tool": "search", "output": [f"hit {page}"]}))
+    assert seen(out) == [ALLOW] * 24
+
+
+async def test_verify_after_edit_trips_nothing(guard: Guard) -> None:
+    out = []
+    for i in range(8):
+        out.append(await guard.step("s", {"tool": "edit_file", "args": {
+            "path": "app.py", "patch": f"fix attempt {i}: {WORDS[i]}"}}))  # fmt: skip
+        out.append(await guard.result("s", {"tool": "edit_file", "output": "ok"}))
+        out.append(await guard.step("s", {"tool": "run_tests", "args": {"path": "tests/"}}))
+        out.append(await guard.result("s", {"tool": "run_tests", "ok": True,
+                                            "output": f"{7 - i} failing"}))  # fmt: skip
+    assert {a.reason for a in out} == {"ok"}
+
+
+async def test_polling_a_job_until_it_finishes_trips_nothing(guard: Guard) -> None:
+    out = []
+    for pct in range(0, 101, 5):  # 21 polls
+        out.append(await guard.step("s", {"tool": "job_status", "args": {"job": "j-1"}}))
+        out.append(await guard.result("s", {"tool": "job_status", "output": {"done": pct}}))
+    assert seen(out) == [ALLOW] * 42
+
+
+async def test_a_research_agent_calling_twenty_distinct_tools_trips_nothing(guard: Guard) -> None:
+    out = []
+    for i, word in enumerate(WORDS[:20]):
+        out.append(await guard.step("s", {"tool": f"source_{word}", "args": {"topic": "tides"},
+                                          "input_tokens": 1000 + 50 * i}))  # fmt: skip
+        out.append(await guard.result("s", {"tool": f"source_{word}", "output": f"notes {i}"}))
+    assert seen(out) == [ALLOW] * 40
+
+
+# -- sessions, profiles, input ----------------------------------------------------
+
+
+async def test_sessions_are_independent_and_reset_forgets(guard: Guard) -> None:
+    for _ in range(2):
+        await guard.step("one", {"tool": "x", "args": {}})
+    assert (await guard.step("two", {"tool": "x", "args": {}})).decision == "allow"
+    state = await guard.state("one")
+    assert state is not None and state["steps"] == 2
+    assert [e["t"] for e in state["hist"]] == ["x", "x"]
+    await guard.reset("one")
+    assert await guard.state("one") is None
+    assert (await guard.step("one", {"tool": "x", "args": {}})).decision == "allow"
+
+
+async def test_a_session_keeps_its_profile(make: Any) -> None:
+    guard = make(guard_config("guard: {profiles: {strict: {identical: {warn_at: 1, "
+                              "block_at: 2}}}}\n"))  # fmt: skip
+    first = await guard.step("s", {"tool": "x", "args": {}}, profile="strict")
+    assert (first.decision, first.reason) == ("warn", "identical_call")
+    with pytest.raises(ProfileConflict, match="runs under profile 'strict'"):
+        await guard.step("s", {"tool": "y", "args": {}})
+    with pytest.raises(GuardInputError, match="no profile named 'lax'"):
+        await guard.step("t", {"tool": "y", "args": {}}, profile="lax")
+
+
+async def test_sessions_expire(make: Any, engine_kind: str) -> None:
+    guard = make(guard_config("guard: {session_ttl_seconds: 60}\n"))
+    await guard.step("s", {"tool": "x", "args": {}})
+    if engine_kind == "memory":
+        make.clock.now += 61
+        assert await guard.state("s") is None
+    else:  # Redis keeps time itself: the key carries the TTL
+        assert isinstance(guard.engine, RedisEngine)
+        ttl = await guard.engine.store.client.pttl(guard.engine.key("s"))
+        assert 0 < ttl <= 60_000
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ([], "body: must be a JSON object"),
+        ({}, "tool: Field required"),
+        ({"tool": ""}, "tool: String should have at least 1 character"),
+        ({"tool": "x", "input_tokens": 1.5}, "input_tokens: must be a whole number"),
+        ({"tool": "x", "input_tokens": True}, "input_tokens: Input should be a valid integer"),
+        ({"tool": "x", "argz": {}}, "argz: unknown field"),
+    ],
+)
+async def test_bad_step_input_names_the_field(guard: Guard, body: Any, problem: str) -> None:
+    with pytest.raises(GuardInputError) as err:
+        await guard.step("s", body)
+    assert str(err.value) == problem
+
+
+async def test_a_bad_session_id_is_refused(guard: Guard) -> None:
+    with pytest.raises(GuardInputError, match="session: use 1-128"):
+        await guard.step("has space", {"tool": "x"})
+
+
+def test_every_reason_has_a_description() -> None:
+    assert len(REASONS) == 20 and all(REASONS.values())
+
+
+async def test_concurrent_steps_for_one_session_allow_exactly_the_ceiling(make: Any) -> None:
+    guard = make(guard_config("guard: {profiles: {default: {steps: {max_steps: 10}}}}\n"))
+    got = await asyncio.gather(*(guard.step("s", {"tool": f"t{i}", "args": {}}) for i in range(20)))
+    assert sorted(a.decision for a in got) == ["allow"] * 10 + ["block"] * 10
+    assert {a.reason for a in got if a.decision == "block"} == {"step_limit"}
