@@ -383,8 +383,8 @@ async def test_a_paginated_search_reporting_results_trips_nothing(guard: Guard) 
     out = []
     query = "best independent bookshops open on sunday in central london"
     for page in range(1, 13):
-        out.append(await guard.step("s", {"tool": "search", "args": {"query": query,
-                                                                        "page": page}}))  # fmt: skip
+        args = {"query": query, "page": page}
+        out.append(await guard.step("s", {"tool": "search", "args": args}))
         out.append(await guard.result("s", {"tool": "search", "output": [f"hit {page}"]}))
     assert seen(out) == [ALLOW] * 24
 
