@@ -30,7 +30,9 @@ from hypothesis import strategies as st
 from gateway.admin import JSON_LIMIT_KEYS, LIMIT_KEYS, AdminError
 from gateway.config import parse_config
 from gateway.daemon import Daemon
+from gateway.store.redis import RedisStore
 from gateway.wire import FIELDS
+from tests.conftest import delete_prefix
 
 TOKEN = "fuzz-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -68,13 +70,17 @@ class Answer:
 class Server:
     """A daemon and a client on this object's own event loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, config: str = CONFIG, prefix: str | None = None) -> None:
         self.loop = asyncio.new_event_loop()
-        self.daemon, self.client = self.loop.run_until_complete(self._start())
+        self.prefix = prefix
+        self.daemon, self.client = self.loop.run_until_complete(self._start(config, prefix))
 
     @staticmethod
-    async def _start() -> tuple[Daemon, TestClient]:  # type: ignore[type-arg]
-        daemon = Daemon(parse_config(CONFIG))
+    async def _start(config: str, prefix: str | None) -> tuple[Daemon, TestClient]:  # type: ignore[type-arg]
+        daemon = Daemon(parse_config(config))
+        if prefix is not None:
+            assert isinstance(daemon.store, RedisStore)
+            daemon.store.prefix = prefix  # this test's keys, deleted at close
         for adapter in daemon.adapters:
             await adapter.start()
         client = TestClient(TestServer(daemon.server.app))
@@ -114,6 +120,8 @@ class Server:
     def close(self) -> None:
         async def stop() -> None:
             await self.client.close()
+            if self.prefix is not None:
+                await delete_prefix(self.daemon.store, self.prefix)
             await self.daemon.stop()
 
         self.loop.run_until_complete(stop())
@@ -513,3 +521,77 @@ def test_a_chat_id_with_a_brace_can_be_paused(server: Server, chat: str) -> None
     assert server.request("POST", "/v1/bots/alpha/messages", body).status == 200  # ingress: fine
     answer = server.request("POST", f"/v1/admin/chats/{quote(chat, safe='')}/pause", headers=AUTH)
     assert answer.status == 200, answer
+
+
+# -- the agent guard API -------------------------------------------------------------
+
+GUARD_FIELDS = ["tool", "args", "input_tokens", "ok", "output", "task", "input", "error",
+                "source", "target", "question", "confidence", "cost_usd", "tokens",
+                "budget_usd", "budget_tokens", "zzz"]  # fmt: skip
+GUARD_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=30),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=10,
+)
+GUARD_CONFIG = """
+guard:
+  profiles:
+    default: {subagents: {tools: [researcher]}, retry: {prechecks: {invoice: "INV"}}}
+    strict: {identical: {warn_at: 1, block_at: 2}}
+bots: [{name: a, platform: http, backend: {type: echo}}]
+"""
+
+
+@pytest.fixture(params=["memory", "redis"])
+def guard_server(request: pytest.FixtureRequest) -> Iterator[Server]:
+    if request.param == "memory":
+        s = Server(GUARD_CONFIG)
+    else:
+        url = request.getfixturevalue("redis_url")
+        config = f"store: {{url: '{url}'}}\n" + GUARD_CONFIG
+        s = Server(config, prefix=request.getfixturevalue("key_prefix"))
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+# One server per test, on purpose: sessions build up across examples.
+GUARD_FUZZ = settings(
+    FUZZ,
+    suppress_health_check=[*FUZZ.suppress_health_check, HealthCheck.function_scoped_fixture],
+)
+
+
+@GUARD_FUZZ
+@given(
+    op=st.sampled_from(["step", "result", "retry", "handoff", "kb-query", "usage"]),
+    session=st.one_of(st.sampled_from(["s1", "s2"]), st.text(min_size=1, max_size=20)),
+    body=st.one_of(
+        GUARD_VALUES,
+        st.dictionaries(st.sampled_from(GUARD_FIELDS), GUARD_VALUES, max_size=6),
+        st.fixed_dictionaries(
+            {"tool": st.sampled_from(["researcher", "x"])},
+            optional={"args": GUARD_VALUES, "output": GUARD_VALUES},
+        ),
+    ),
+    query=st.sampled_from(["", "?profile=strict", "?profile=", "?profile=%00"]),
+)
+def test_guard_routes_answer_any_json_without_a_5xx(
+    guard_server: Server, op: str, session: str, body: Any, query: str
+) -> None:
+    path = f"/v1/guard/{quote(session, safe='')}/{op}{query}"
+    answer = guard_server.request("POST", path, json.dumps(body))
+    check(answer)
+    if answer.status in (200, 429):
+        assert answer.json()["decision"] in ("allow", "warn", "block")
+
+
+@GUARD_FUZZ
+@given(session=st.text(max_size=40), method=st.sampled_from(["GET", "DELETE"]))
+def test_guard_session_routes_answer_any_session(
+    guard_server: Server, session: str, method: str
+) -> None:
+    check(guard_server.request(method, f"/v1/guard/{quote(session, safe='')}"))

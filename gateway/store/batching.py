@@ -60,7 +60,15 @@ class AutoPipeline:
         as a duplicate. The caller hears the error and decides.
         """
         pool = self._client.connection_pool
-        conn = await pool.get_connection()  # type: ignore[no-untyped-call]
+        try:
+            conn = await pool.get_connection()  # type: ignore[no-untyped-call]
+        except BaseException as exc:  # no connection at all (Redis down): every caller hears it
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(exc if isinstance(exc, Exception) else ConnectionError())
+            if not isinstance(exc, Exception):
+                raise
+            return
         try:
             await conn.send_packed_command(b"".join(_pack(args) for args, _ in batch))
             for _, fut in batch:

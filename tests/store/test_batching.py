@@ -84,3 +84,23 @@ async def test_a_dead_redis_reaches_every_waiting_caller_as_a_store_error() -> N
     finally:
         await store.close()
         server.stop()
+
+
+async def test_a_redis_never_reached_is_a_store_error_not_a_hang() -> None:
+    """No connection at all (nothing listens): the batch could not even check
+    one out; every caller must still hear it."""
+    from tests.redis_server import free_port
+
+    store = RedisStore.from_url(f"redis://127.0.0.1:{free_port()}/0", prefix="never")
+    try:
+
+        def req(i: int) -> AdmitRequest:
+            obs = Observed("c", f"m{i}", "alice", "alice", Count.RESET, "hi")
+            return AdmitRequest(obs, "B", None, False, Limits())
+
+        async with asyncio.timeout(10):
+            results = await asyncio.gather(*(store.admit(req(i)) for i in range(3)),
+                                           return_exceptions=True)  # fmt: skip
+        assert all(isinstance(r, StoreError) for r in results), results
+    finally:
+        await store.close()
