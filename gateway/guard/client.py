@@ -1,0 +1,356 @@
+"""A Python client for the agent guard, async (aiohttp) and sync (stdlib).
+
+    guard = GuardClient("http://127.0.0.1:8080", session="run-42")
+
+    @guard.tool()
+    def search(query: str, page: int = 1) -> list[str]: ...
+
+    search("tides")      # guard.step() before, guard.result() after
+                         # a `block` raises GuardBlocked with the guard's message
+
+Both clients fail open by default: when the guard cannot be reached the step
+is allowed and a warning is logged (pass `fail_open=False` to raise instead).
+A block is never swallowed.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import logging
+import urllib.error
+import urllib.request
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, ParamSpec, TypeVar
+from urllib.parse import quote
+
+import aiohttp
+
+log = logging.getLogger("botbouncer.guard.client")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class GuardAnswer:
+    decision: str  # allow | warn | block
+    reason: str
+    message: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    also: list[str] = field(default_factory=list)
+    budget: dict[str, Any] = field(default_factory=dict)
+    steps: dict[str, Any] = field(default_factory=dict)
+    reachable: bool = True  # False: the guard could not be asked (failed open)
+
+    @property
+    def blocked(self) -> bool:
+        return self.decision == "block"
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> GuardAnswer:
+        return cls(
+            decision=body["decision"],
+            reason=body["reason"],
+            message=body["message"],
+            evidence=body.get("evidence", {}),
+            also=body.get("also", []),
+            budget=body.get("budget", {}),
+            steps=body.get("steps", {}),
+        )
+
+
+OPEN = GuardAnswer("allow", "ok", "The guard could not be reached; allowed.", reachable=False)
+
+
+class GuardBlocked(Exception):
+    """The guard said block: `answer.message` says what repeated and what to do."""
+
+    def __init__(self, answer: GuardAnswer) -> None:
+        super().__init__(f"{answer.reason}: {answer.message}")
+        self.answer = answer
+
+
+class GuardError(Exception):
+    """The guard refused the request (bad input, profile conflict) or is unreachable."""
+
+
+def _jsonable(value: Any) -> Any:
+    """Arguments and outputs as JSON; what JSON cannot hold becomes its str()."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def _call_args(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return _jsonable({"args": list(args), "kwargs": kwargs})
+    bound.apply_defaults()
+    return _jsonable(dict(bound.arguments))
+
+
+def _step(tool: str, args: Any, input_tokens: int | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"tool": tool, "args": _jsonable(args if args is not None else {})}
+    if input_tokens is not None:
+        body["input_tokens"] = input_tokens
+    return body
+
+
+def _kb(question: str, confidence: float | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"question": question}
+    if confidence is not None:
+        body["confidence"] = confidence
+    return body
+
+
+def _usage(
+    cost_usd: float, tokens: int, budget_usd: float | None, budget_tokens: int | None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"cost_usd": cost_usd, "tokens": tokens}
+    if budget_usd is not None:
+        body["budget_usd"] = budget_usd
+    if budget_tokens is not None:
+        body["budget_tokens"] = budget_tokens
+    return body
+
+
+class _Base:
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8080",
+        session: str = "default",
+        *,
+        profile: str | None = None,
+        timeout: float = 5.0,
+        fail_open: bool = True,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.session = session
+        self.profile = profile
+        self.timeout = timeout
+        self.fail_open = fail_open
+
+    def _url(self, op: str | None) -> str:
+        url = f"{self.base_url}/v1/guard/{quote(self.session, safe='')}"
+        if op is not None:
+            url += f"/{op}"
+        if self.profile and op is not None:
+            url += f"?profile={quote(self.profile, safe='')}"
+        return url
+
+    def _answer(self, status: int, body: Any) -> GuardAnswer:
+        if status in (200, 429) and isinstance(body, dict) and "decision" in body:
+            return GuardAnswer.from_json(body)
+        error = body.get("error") if isinstance(body, dict) else body
+        if status >= 500 and self.fail_open:
+            log.warning("guard answered %s (%s); allowing", status, error)
+            return OPEN
+        raise GuardError(f"guard answered {status}: {error}")
+
+    def _unreachable(self, exc: Exception) -> GuardAnswer:
+        if not self.fail_open:
+            raise GuardError(f"guard unreachable at {self.base_url}: {exc}") from exc
+        log.warning("guard unreachable at %s (%s); allowing", self.base_url, exc)
+        return OPEN
+
+
+class AsyncGuardClient(_Base):
+    """The guard from asyncio code; one aiohttp session, closed by `close()`
+    or `async with`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._http: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> AsyncGuardClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    async def _request(self, method: str, op: str | None, body: Any = None) -> tuple[int, Any]:
+        if self._http is None:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
+        async with self._http.request(method, self._url(op), json=body) as resp:
+            return resp.status, await resp.json(content_type=None)
+
+    async def _check(self, op: str, body: dict[str, Any]) -> GuardAnswer:
+        try:
+            status, answer = await self._request("POST", op, body)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            return self._unreachable(exc)
+        return self._answer(status, answer)
+
+    async def step(
+        self, tool: str, args: Any = None, input_tokens: int | None = None
+    ) -> GuardAnswer:
+        return await self._check("step", _step(tool, args, input_tokens))
+
+    async def result(self, tool: str, ok: bool = True, output: Any = None) -> GuardAnswer:
+        return await self._check("result", {"tool": tool, "ok": ok, "output": _jsonable(output)})
+
+    async def retry(self, task: str, input: str = "", error: Any = None) -> GuardAnswer:
+        return await self._check("retry", {"task": task, "input": input, "error": _jsonable(error)})
+
+    async def handoff(self, source: str, target: str) -> GuardAnswer:
+        return await self._check("handoff", {"source": source, "target": target})
+
+    async def kb_query(self, question: str, confidence: float | None = None) -> GuardAnswer:
+        return await self._check("kb-query", _kb(question, confidence))
+
+    async def usage(
+        self,
+        cost_usd: float = 0.0,
+        tokens: int = 0,
+        budget_usd: float | None = None,
+        budget_tokens: int | None = None,
+    ) -> GuardAnswer:
+        return await self._check("usage", _usage(cost_usd, tokens, budget_usd, budget_tokens))
+
+    async def state(self) -> dict[str, Any] | None:
+        status, body = await self._request("GET", None)
+        if status == 404:
+            return None
+        if status != 200:
+            raise GuardError(f"guard answered {status}: {body}")
+        state: dict[str, Any] = body["state"]
+        return state
+
+    async def reset(self) -> None:
+        status, body = await self._request("DELETE", None)
+        if status != 200:
+            raise GuardError(f"guard answered {status}: {body}")
+
+    def tool(
+        self, name: str | None = None
+    ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+        """Guard an async tool function: step before (a block raises
+        GuardBlocked and the tool is not called), result after."""
+
+        def wrap(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+            if not inspect.iscoroutinefunction(fn):
+                raise TypeError(f"{fn.__name__} is not async: use GuardClient.tool for it")
+            tool = name or fn.__name__
+
+            @functools.wraps(fn)
+            async def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
+                answer = await self.step(tool, _call_args(fn, args, kwargs))
+                if answer.blocked:
+                    raise GuardBlocked(answer)
+                try:
+                    out = await fn(*args, **kwargs)
+                except Exception as exc:
+                    await self.result(tool, ok=False, output=f"{type(exc).__name__}: {exc}")
+                    raise
+                await self.result(tool, ok=True, output=out)
+                return out
+
+            return guarded
+
+        return wrap
+
+
+class GuardClient(_Base):
+    """The guard from synchronous code (urllib; no event loop needed)."""
+
+    def _request(self, method: str, op: str | None, body: Any = None) -> tuple[int, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            self._url(op), data=data, method=method, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                return resp.status, json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as err:
+            raw = err.read()
+            try:
+                return err.code, json.loads(raw)
+            except ValueError:
+                return err.code, raw.decode("utf-8", "replace")
+
+    def _check(self, op: str, body: dict[str, Any]) -> GuardAnswer:
+        try:
+            status, answer = self._request("POST", op, body)
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            return self._unreachable(exc)
+        return self._answer(status, answer)
+
+    def step(self, tool: str, args: Any = None, input_tokens: int | None = None) -> GuardAnswer:
+        return self._check("step", _step(tool, args, input_tokens))
+
+    def result(self, tool: str, ok: bool = True, output: Any = None) -> GuardAnswer:
+        return self._check("result", {"tool": tool, "ok": ok, "output": _jsonable(output)})
+
+    def retry(self, task: str, input: str = "", error: Any = None) -> GuardAnswer:
+        return self._check("retry", {"task": task, "input": input, "error": _jsonable(error)})
+
+    def handoff(self, source: str, target: str) -> GuardAnswer:
+        return self._check("handoff", {"source": source, "target": target})
+
+    def kb_query(self, question: str, confidence: float | None = None) -> GuardAnswer:
+        return self._check("kb-query", _kb(question, confidence))
+
+    def usage(
+        self,
+        cost_usd: float = 0.0,
+        tokens: int = 0,
+        budget_usd: float | None = None,
+        budget_tokens: int | None = None,
+    ) -> GuardAnswer:
+        return self._check("usage", _usage(cost_usd, tokens, budget_usd, budget_tokens))
+
+    def state(self) -> dict[str, Any] | None:
+        status, body = self._request("GET", None)
+        if status == 404:
+            return None
+        if status != 200:
+            raise GuardError(f"guard answered {status}: {body}")
+        state: dict[str, Any] = body["state"]
+        return state
+
+    def reset(self) -> None:
+        status, body = self._request("DELETE", None)
+        if status != 200:
+            raise GuardError(f"guard answered {status}: {body}")
+
+    def tool(self, name: str | None = None) -> Callable[[Callable[P, R]], Callable[P, R]]:
+        """Guard a tool function: step before (a block raises GuardBlocked and
+        the tool is not called), result after."""
+
+        def wrap(fn: Callable[P, R]) -> Callable[P, R]:
+            if inspect.iscoroutinefunction(fn):
+                raise TypeError(f"{fn.__name__} is async: use AsyncGuardClient.tool for it")
+            tool = name or fn.__name__
+
+            @functools.wraps(fn)
+            def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
+                answer = self.step(tool, _call_args(fn, args, kwargs))
+                if answer.blocked:
+                    raise GuardBlocked(answer)
+                try:
+                    out = fn(*args, **kwargs)
+                except Exception as exc:
+                    self.result(tool, ok=False, output=f"{type(exc).__name__}: {exc}")
+                    raise
+                self.result(tool, ok=True, output=out)
+                return out
+
+            return guarded
+
+        return wrap
+
+
+__all__ = [
+    "AsyncGuardClient",
+    "GuardAnswer",
+    "GuardBlocked",
+    "GuardClient",
+    "GuardError",
+]

@@ -1,0 +1,184 @@
+"""The guard's Python clients against a real guard server: the sync client
+(stdlib HTTP, so the server runs on its own thread and loop) and the async
+one, their tool decorators, failing open, and errors that name the problem."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from gateway.config import parse_config
+from gateway.guard.client import (
+    AsyncGuardClient,
+    GuardBlocked,
+    GuardClient,
+    GuardError,
+)
+from gateway.guard.engine import MemoryEngine
+from gateway.guard.service import Guard
+from gateway.http import HttpServer
+from gateway.store import MemoryStore
+from tests.redis_server import free_port
+
+CONFIG = """
+guard: {profiles: {default: {}, strict: {identical: {warn_at: 1, block_at: 2}}}}
+bots: [{name: a, platform: http, backend: {type: echo}}]
+"""
+
+
+def app() -> web.Application:
+    guard = Guard(parse_config(CONFIG).guard, MemoryEngine())
+    return HttpServer(MemoryStore(), guard=guard).app
+
+
+@pytest.fixture
+def threaded_url() -> Iterator[str]:
+    """A guard server on its own thread and event loop (the sync client blocks)."""
+    loop = asyncio.new_event_loop()
+    port = free_port()
+    runner = web.AppRunner(app())
+    ready = threading.Event()
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(runner.setup())
+        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+        ready.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    yield f"http://127.0.0.1:{port}"
+    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+    loop.close()
+
+
+@pytest.fixture
+async def async_url() -> AsyncIterator[str]:
+    runner = web.AppRunner(app())
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    yield f"http://127.0.0.1:{port}"
+    await runner.cleanup()
+
+
+def test_the_sync_decorator_blocks_a_repeated_call_before_it_runs(threaded_url: str) -> None:
+    guard = GuardClient(threaded_url, session="sync-1")
+    ran: list[str] = []
+
+    @guard.tool()
+    def search(query: str, page: int = 1) -> list[str]:
+        ran.append(query)
+        return []
+
+    # the decorator reports results: the first is the baseline, the same call
+    # after the same result warns at the 3rd call and is blocked at the 4th
+    for _ in range(3):
+        search("tides")
+    with pytest.raises(GuardBlocked) as err:
+        search("tides")
+    assert err.value.answer.reason == "identical_call"
+    assert "search" in str(err.value)
+    assert ran == ["tides"] * 3  # the blocked call never ran
+    state = guard.state()
+    assert state is not None and state["steps"] == 3
+    guard.reset()
+    assert guard.state() is None
+
+
+def test_polling_through_the_sync_decorator_is_never_blocked(threaded_url: str) -> None:
+    guard = GuardClient(threaded_url, session="sync-2")
+    progress = iter(range(0, 101, 10))
+
+    @guard.tool("job_status")
+    def status(job: str) -> dict[str, int]:
+        return {"done": next(progress)}
+
+    assert [status("j-1")["done"] for _ in range(11)][-1] == 100
+
+
+def test_a_failing_tool_is_reported_and_then_blocked(threaded_url: str) -> None:
+    guard = GuardClient(threaded_url, session="sync-3")
+
+    @guard.tool()
+    def deploy(attempt: int) -> None:
+        raise RuntimeError(f"boom {attempt}")
+
+    for i in range(5):
+        with pytest.raises(RuntimeError):
+            deploy(i)
+    with pytest.raises(GuardBlocked) as err:
+        deploy(99)
+    assert (err.value.answer.reason, err.value.answer.evidence["failures"]) == (
+        "failure_streak", 5)  # fmt: skip
+
+
+def test_sync_calls_for_every_endpoint(threaded_url: str) -> None:
+    guard = GuardClient(threaded_url, session="sync-4", profile="strict")
+    assert guard.step("x", {"a": 1}).decision == "warn"  # strict: warn at the first
+    assert guard.result("x", True, {"r": 1}).decision == "allow"
+    assert guard.retry("task", "input").decision == "allow"
+    assert guard.handoff("a", "b").decision == "allow"
+    assert guard.kb_query("what is x?", 0.5).decision == "allow"
+    spent = guard.usage(0.5, 10, budget_usd=1.0)
+    assert spent.budget["usd_remaining"] == 0.5
+    with pytest.raises(GuardError, match="runs under profile 'strict'"):
+        GuardClient(threaded_url, session="sync-4").step("y")
+    with pytest.raises(GuardError, match="tool: String should have at least 1 character"):
+        guard.step("")
+
+
+def test_an_unreachable_guard_fails_open_unless_told_not_to() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    answer = GuardClient(url, session="s", timeout=2).step("x")
+    assert (answer.decision, answer.reachable) == ("allow", False)
+    with pytest.raises(GuardError, match="unreachable"):
+        GuardClient(url, session="s", timeout=2, fail_open=False).step("x")
+
+
+def test_decorators_refuse_the_wrong_kind_of_function() -> None:
+    with pytest.raises(TypeError, match="use AsyncGuardClient"):
+
+        @GuardClient().tool()
+        async def a() -> None: ...
+
+    with pytest.raises(TypeError, match="use GuardClient"):
+
+        @AsyncGuardClient().tool()  # type: ignore[arg-type]
+        def b() -> None: ...
+
+
+async def test_the_async_decorator_and_calls(async_url: str) -> None:
+    async with AsyncGuardClient(async_url, session="async-1") as guard:
+        ran: list[Any] = []
+
+        @guard.tool("fetch")
+        async def fetch(url: str) -> str:
+            ran.append(url)
+            return "same page"
+
+        for _ in range(3):
+            await fetch("https://example.invalid/a")
+        with pytest.raises(GuardBlocked) as err:
+            await fetch("https://example.invalid/a")
+        assert err.value.answer.blocked and len(ran) == 3
+        assert (await guard.handoff("triage", "billing")).decision == "allow"
+        assert (await guard.kb_query("refund policy")).decision == "allow"
+        assert (await guard.usage(tokens=5)).budget["tokens_spent"] == 5
+        assert (await guard.retry("t")).decision == "allow"
+        state = await guard.state()
+        assert state is not None and state["steps"] == 3
+        await guard.reset()
+        assert await guard.state() is None
+    unreachable = AsyncGuardClient(f"http://127.0.0.1:{free_port()}", session="s", timeout=2)
+    async with unreachable:
+        assert (await unreachable.step("x")).reachable is False
