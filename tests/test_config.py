@@ -706,3 +706,42 @@ def test_telegram_settings_belong_to_telegram_bots() -> None:
     assert err.value.problems == [
         "bots[0].telegram: is a Telegram setting; this bot's platform is http"
     ]
+
+
+def test_the_examples_guard_section_shows_the_built_in_defaults() -> None:
+    from gateway.config import GuardConfig, GuardProfile, load_config
+
+    config = load_config(str(EXAMPLE))
+    assert config.guard.profiles == {"default": GuardProfile()}
+    assert config.guard.session_ttl_seconds == GuardConfig().session_ttl_seconds
+
+
+@pytest.mark.parametrize(
+    ("guard", "problem"),
+    [
+        ("{profiles: {default: {identical: {warn_at: 3, block_at: 2}}}}",
+         "guard.profiles.default.identical: warn_at must not be greater than block_at"),
+        ("{profiles: {default: {retry: {prechecks: {t: '('}}}}}",
+         "guard.profiles.default.retry.prechecks.t: is not a valid regular expression: "
+         "missing ), unterminated subpattern at position 0"),
+        ("{profiles: {'bad name': {}}}",
+         "guard.profiles: profile name 'bad name': use 1-64 of A-Z a-z 0-9 _ . -"),
+        ("{profiles: {strict: {steps: {max_steps: 0}}}}",
+         "guard.profiles.strict.steps.max_steps: must be >= 1"),
+        ("{profiles: {default: {fixation: {similarity: 1.5}}}}",
+         "guard.profiles.default.fixation.similarity: must be <= 1"),
+        ("{profiles: {default: {budget: {usd: -1}}}}",
+         "guard.profiles.default.budget.usd: must be > 0"),
+    ],
+)  # fmt: skip
+def test_guard_profiles_are_checked(guard: str, problem: str) -> None:
+    assert problems(f"guard: {guard}\n" + ONE_BOT) == [problem]
+
+
+def test_a_named_guard_profile_inherits_from_default() -> None:
+    text = "guard: {profiles: {default: {steps: {max_steps: 9}}, b: {identical: {warn_at: 1, "
+    text += "block_at: 1}}}}\n" + ONE_BOT
+    profiles = parse_config(text).guard.profiles
+    assert profiles["b"].steps.max_steps == 9
+    assert profiles["b"].identical.block_at == 1
+    assert profiles["default"].identical.block_at == 3

@@ -166,3 +166,32 @@ async def test_a_store_that_is_down_is_a_503_not_a_500() -> None:
         assert resp.status == 503
         assert "unavailable" in (await resp.json())["error"]
     await dead.close()
+
+
+async def test_guard_answers_are_counted_in_metrics(redis_url: str, key_prefix: str) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with served("memory", redis_url, key_prefix) as client:
+        for _ in range(3):
+            await client.post("/v1/guard/m/step", json={"tool": "x"})
+        async with client.get("/metrics") as resp:
+            text = await resp.text()
+    counts = {
+        (s.labels["decision"], s.labels["reason"]): s.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "botbouncer_guard_checks"
+        for s in family.samples
+        if s.name.endswith("_total")
+    }
+    assert counts == {("allow", "ok"): 1, ("warn", "identical_call"): 1,
+                      ("block", "identical_call"): 1}  # fmt: skip
+
+
+def test_sighup_applies_new_guard_profiles() -> None:
+    from gateway.daemon import Daemon
+
+    daemon = Daemon(parse_config(GUARD))
+    assert "strict" in daemon.guard.config.profiles
+    new = parse_config(GUARD.replace("strict:", "careful:"))
+    assert daemon.reload(new) == []  # no restart needed
+    assert set(daemon.guard.config.profiles) == {"default", "careful"}
