@@ -86,6 +86,14 @@ local function check_budget()
   elseif r >= L.budget_warn then finding('warn', 'budget_warning', ev) end
 end
 
+local function check_failures(name, t)
+  if t.fail >= L.fail_block then
+    finding('block', 'failure_streak', {tool = name, failures = t.fail})
+  elseif t.fail >= L.fail_warn then
+    finding('warn', 'failure_streak', {tool = name, failures = t.fail})
+  end
+end
+
 local function jaccard(a, b)
   if #a == 0 or #b == 0 then return 0 end  -- nothing to compare is no evidence
   local set, inter, union = {}, 0, #a
@@ -158,11 +166,7 @@ if OP == 'step' then
     if t.n >= L.max_per_tool then
       finding('block', 'tool_call_limit', {tool = name, calls = t.n, max = L.max_per_tool})
     end
-    if t.fail >= L.fail_block then
-      finding('block', 'failure_streak', {tool = name, failures = t.fail})
-    elseif t.fail >= L.fail_warn then
-      finding('warn', 'failure_streak', {tool = name, failures = t.fail})
-    end
+    check_failures(name, t)
     if P.sub then
       local sa = S.sub[name] or {n = 0}
       if sa.n >= L.sub_max_calls then
@@ -315,11 +319,7 @@ if OP == 'result' then
   if changed then S.epoch = (S.epoch or 0) + 1 end
   t.res, t.epoch = P.rh, S.epoch
   if P.ok then t.fail = 0 else t.fail = t.fail + 1 end
-  if t.fail >= L.fail_block then
-    finding('block', 'failure_streak', {tool = name, failures = t.fail})
-  elseif t.fail >= L.fail_warn then
-    finding('warn', 'failure_streak', {tool = name, failures = t.fail})
-  end
+  check_failures(name, t)
   if P.sub then
     local sa = S.sub[name] or {n = 0}
     if sa.toks then
