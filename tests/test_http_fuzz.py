@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from gateway.admin import JSON_LIMIT_KEYS, LIMIT_KEYS, AdminError
 from gateway.config import parse_config
 from gateway.daemon import Daemon
+from gateway.guard.openapi import OPENAPI
 from gateway.store.redis import RedisStore
 from gateway.wire import FIELDS
 from tests.conftest import delete_prefix
@@ -525,9 +526,13 @@ def test_a_chat_id_with_a_brace_can_be_paused(server: Server, chat: str) -> None
 
 # -- the agent guard API -------------------------------------------------------------
 
-GUARD_FIELDS = ["tool", "args", "input_tokens", "ok", "output", "task", "input", "error",
-                "source", "target", "question", "confidence", "cost_usd", "tokens",
-                "budget_usd", "budget_tokens", "zzz"]  # fmt: skip
+# Field names and operations from the OpenAPI document the server publishes,
+# plus one it does not know.
+GUARD_FIELDS = sorted(
+    {name for schema in OPENAPI["components"]["schemas"].values()
+     for name in schema.get("properties", {})} | {"zzz"}
+)  # fmt: skip
+GUARD_OPS = sorted(path.rsplit("/", 1)[-1] for path in OPENAPI["paths"] if path.count("/") == 4)
 GUARD_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=30),
     lambda inner: (
@@ -567,7 +572,7 @@ GUARD_FUZZ = settings(
 
 @GUARD_FUZZ
 @given(
-    op=st.sampled_from(["step", "result", "retry", "handoff", "kb-query", "usage"]),
+    op=st.sampled_from(GUARD_OPS),
     session=st.one_of(st.sampled_from(["s1", "s2"]), st.text(min_size=1, max_size=20)),
     body=st.one_of(
         GUARD_VALUES,
