@@ -133,11 +133,11 @@ def admin_command(m: TgMessage, username: str) -> str | None:
     text = m.text or ""
     if not text.startswith("/" + COMMAND_PREFIX):
         return None
-    head, _, args = text.partition(" ")
+    head, *args = text.split()  # any whitespace: "/bouncer_why\n5" is "why 5"
     command, _, target = head[1 + len(COMMAND_PREFIX) :].partition("@")
     if target and target.lower() != username.lower():
         return FOREIGN
-    return " ".join([command, *args.split()])
+    return " ".join([command, *args])
 
 
 class TelegramAdapter:

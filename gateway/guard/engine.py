@@ -22,8 +22,6 @@ def _lua(name: str) -> str:
 
 
 class Engine(Protocol):
-    kind: str
-
     async def run(
         self, session: str, op: str, limits: str, payload: str, profile: str, now_ms: int | None
     ) -> list[str]:
@@ -32,8 +30,6 @@ class Engine(Protocol):
 
 
 class RedisEngine:
-    kind = "redis"
-
     def __init__(self, store: RedisStore) -> None:
         self.store = store
         self._script = store.client.register_script(_lua("redis_prelude.lua") + _lua("guard.lua"))
@@ -56,7 +52,6 @@ class MemoryEngine:
     """The script in an embedded Lua 5.1; each session's state is a Lua table
     kept here with its expiry. Calls are synchronous, hence atomic."""
 
-    kind = "memory"
     SWEEP_EVERY = 1024  # saves between sweeps of expired sessions
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
@@ -102,9 +97,6 @@ class MemoryEngine:
 
     def _decode(self, text: str) -> Any:
         return self._lua.table_from(json.loads(text), recursive=True)
-
-    def __len__(self) -> int:
-        return len(self._sessions)
 
     async def run(
         self, session: str, op: str, limits: str, payload: str, profile: str, now_ms: int | None

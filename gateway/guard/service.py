@@ -25,8 +25,6 @@ from gateway.guard.engine import Engine
 SESSION = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
 MICRO = 1_000_000  # dollars and confidences travel as integer millionths
 
-Decision = str  # "allow" | "warn" | "block"
-
 # Every reason code, with what it means (README "Agent guard" lists them too).
 REASONS: dict[str, str] = {
     "ok": "nothing repeats; go on",
@@ -133,7 +131,7 @@ def check_session(session: str) -> str:
 @dataclass(frozen=True)
 class Answer:
     session: str
-    decision: Decision
+    decision: str  # allow | warn | block
     reason: str
     message: str
     evidence: dict[str, Any]
