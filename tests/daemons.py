@@ -23,9 +23,15 @@ def build(redis_url: str, prefix: str, *bots: dict[str, Any], port: int | None =
         "bots": list(bots),
     }
     d = Daemon(parse_config(yaml.safe_dump(config)))
-    assert isinstance(d.store, RedisStore)
-    d.store.prefix = prefix  # this test's keys only
+    redis_of(d).prefix = prefix  # this test's keys only
     return d
+
+
+def redis_of(d: Daemon) -> RedisStore:
+    """The daemon's Redis store (behind its failover wrapper, if any)."""
+    store = getattr(d.store, "primary", d.store)
+    assert isinstance(store, RedisStore)
+    return store
 
 
 async def forget(redis_url: str, prefix: str) -> None:
