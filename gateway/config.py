@@ -525,6 +525,9 @@ class StoreConfig(_Model):
     url: str = "memory://"
     state_ttl_seconds: Int = Field(default=604800, ge=60, le=MAX_TTL_SECONDS)
     settings_ttl_seconds: Int = Field(default=7776000, ge=60, le=MAX_TTL_SECONDS)
+    # How long one Redis call may take before the message is decided on this
+    # process's memory instead (and the store reports itself degraded).
+    timeout_seconds: Float = Field(default=0.5, gt=0, le=10)
 
     @field_validator("url")
     @classmethod

@@ -32,6 +32,7 @@ from gateway.metrics import Metrics
 from gateway.outbound import Outbound
 from gateway.pipeline import Gateway
 from gateway.store import Store, open_store
+from gateway.store.failover import FailoverStore
 
 log = logging.getLogger("botbouncer")
 
@@ -143,11 +144,14 @@ class Daemon:
         self.started = config  # what the store, listener and adapters were built from
         self.store: Store = open_store(
             config.store.url,
+            timeout=config.store.timeout_seconds,
             state_ttl_seconds=config.store.state_ttl_seconds,
             settings_ttl_seconds=config.store.settings_ttl_seconds,
             context_size=context_size(config),
         )
         self.metrics = Metrics()
+        if isinstance(self.store, FailoverStore):
+            self.store.on_change = lambda degraded: self.metrics.store_degraded.set(int(degraded))
         self.inflight = InFlight()
         token = config.http.admin_token
         self.guard = Guard(config.guard, engine_for(self.store))

@@ -3,8 +3,9 @@ prefix (deleted afterwards): what the adapter end-to-end tests run."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -55,3 +56,49 @@ async def running(
     finally:
         await d.stop()
         await forget(redis_url, prefix)
+
+
+Post = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+async def pingpong(post: Post, chat: str, first: str, second: str, *, limit: int = 40) -> Relay:
+    """Two bots answering each other through the ingress, as a platform relays
+    each posted message to the other bot: `post(bot, body)` sends one message
+    to `bot` and returns the decision. A human asks `first` to start; the loop
+    ends when a bot posts nothing. Returns what was posted, in order."""
+    relay = Relay()
+    last = await post(first, {"chat": chat, "author": "human", "text": f"{first}, start",
+                              "id": f"{chat}-start"})  # fmt: skip
+    relay.decisions.append(last)
+    speaker, other = first, second
+    for _ in range(limit):
+        if last["action"] == "reply":
+            kind, text, msg_id = "reply", last["reply"], last["reply_id"]
+        elif last["action"] == "warn":
+            kind, text, msg_id = "warning", last["warning"], last["warning_id"]
+        else:
+            return relay
+        relay.posted.append((kind, speaker))
+        body = {"chat": chat, "author": speaker, "bot": True, "text": text, "id": msg_id}
+        last = await post(other, body)
+        relay.decisions.append(last)
+        speaker, other = other, speaker
+    raise AssertionError(f"the bots never stopped: {relay.posted}")
+
+
+@dataclass
+class Relay:
+    posted: list[tuple[str, str]] = field(default_factory=list)  # (reply|warning, bot)
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def replies(self) -> list[str]:
+        return [bot for kind, bot in self.posted if kind == "reply"]
+
+    @property
+    def warnings(self) -> list[str]:
+        return [bot for kind, bot in self.posted if kind == "warning"]
+
+    @property
+    def last(self) -> dict[str, Any]:
+        return self.decisions[-1]

@@ -125,7 +125,8 @@ class Api:
 @asynccontextmanager
 async def running(config: str, prefix: str) -> AsyncIterator[Api]:
     daemon = Daemon(parse_config(config))
-    redis = daemon.store if isinstance(daemon.store, RedisStore) else None
+    primary = getattr(daemon.store, "primary", daemon.store)  # behind the failover
+    redis = primary if isinstance(primary, RedisStore) else None
     if redis is not None:
         redis.prefix = prefix  # this test's keys only: deleted below
     try:

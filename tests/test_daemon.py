@@ -152,22 +152,3 @@ async def test_run_serves_until_sigterm_then_exits_0(tmp_path: Path) -> None:
 def test_the_default_config_has_one_http_echo_bot() -> None:
     bot = Config.default().bots[0]
     assert (bot.name, bot.platform, bot.backend.type) == ("bot", "http", "echo")
-
-
-async def test_a_store_outage_is_a_503_with_a_message_not_a_500(tmp_path: Path) -> None:
-    from tests.redis_server import RedisServer
-
-    server = RedisServer().start()
-    try:
-        daemon = Daemon(parse_config(f"store: {{url: '{server.url}'}}\n" + TWO_BOTS))
-        for adapter in daemon.adapters:
-            await adapter.start()
-        async with TestClient(TestServer(daemon.server.app)) as c:
-            ok, _ = await post(c, "alpha", {"chat": "r", "author": "a", "text": "x"})
-            server.kill()  # the outage, caused
-            status, body = await post(c, "alpha", {"chat": "r", "author": "a", "text": "y"})
-        await daemon.stop()
-    finally:
-        server.stop()
-    assert (ok, status) == (200, 503)
-    assert body == {"error": "the state store is unavailable; try again"}

@@ -32,6 +32,7 @@ from gateway.config import parse_config
 from gateway.daemon import Daemon
 from gateway.guard.openapi import OPENAPI
 from gateway.store.redis import RedisStore
+from tests.daemons import redis_of
 from gateway.wire import FIELDS
 from tests.conftest import delete_prefix
 
@@ -80,8 +81,7 @@ class Server:
     async def _start(config: str, prefix: str | None) -> tuple[Daemon, TestClient]:  # type: ignore[type-arg]
         daemon = Daemon(parse_config(config))
         if prefix is not None:
-            assert isinstance(daemon.store, RedisStore)
-            daemon.store.prefix = prefix  # this test's keys, deleted at close
+            redis_of(daemon).prefix = prefix  # this test's keys, deleted at close
         for adapter in daemon.adapters:
             await adapter.start()
         client = TestClient(TestServer(daemon.server.app))
@@ -122,7 +122,7 @@ class Server:
         async def stop() -> None:
             await self.client.close()
             if self.prefix is not None:
-                await delete_prefix(self.daemon.store, self.prefix)
+                await delete_prefix(redis_of(self.daemon), self.prefix)
             await self.daemon.stop()
 
         self.loop.run_until_complete(stop())

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from redis.exceptions import RedisError
 
 from gateway.store import Store, StoreError
+from gateway.store.failover import FailoverStore
 from gateway.store.redis import RedisStore
 
 
@@ -109,8 +110,26 @@ class MemoryEngine:
         return [str(out[i]) for i in range(1, len(out) + 1)]
 
 
+class FailoverEngine:
+    """Redis while it answers, this process's engine while the store is
+    degraded (the same switch, timeout and probe as the chat rules)."""
+
+    def __init__(self, store: FailoverStore) -> None:
+        self.store = store
+        self.redis = RedisEngine(store.primary)
+        self.local = MemoryEngine()
+
+    async def run(
+        self, session: str, op: str, limits: str, payload: str, profile: str, now_ms: int | None
+    ) -> list[str]:
+        args = (session, op, limits, payload, profile, now_ms)
+        return await self.store.run(lambda: self.redis.run(*args), lambda: self.local.run(*args))
+
+
 def engine_for(store: Store) -> Engine:
     """The guard's engine on the daemon's store."""
+    if isinstance(store, FailoverStore):
+        return FailoverEngine(store)
     if isinstance(store, RedisStore):
         return RedisEngine(store)
     return MemoryEngine()

@@ -37,10 +37,16 @@ __all__ = [
 ]
 
 
-def open_store(url: str, **kwargs: Any) -> Store:
-    """The store a `store.url` names (the URL was validated with the config)."""
+def open_store(url: str, *, timeout: float = 0.5, **kwargs: Any) -> Store:
+    """The store a `store.url` names (the URL was validated with the config).
+
+    Redis comes with this process's memory behind it: a call that fails or
+    takes longer than `timeout` seconds is answered locally (FailoverStore).
+    """
     if url.startswith("memory://"):
         return MemoryStore(**kwargs)
-    from gateway.store.redis import RedisStore  # only daemons on Redis pay for the import
+    # only daemons on Redis pay for these imports
+    from gateway.store.failover import FailoverStore
+    from gateway.store.redis import RedisStore
 
-    return RedisStore.from_url(url, **kwargs)
+    return FailoverStore(RedisStore.from_url(url, **kwargs), MemoryStore(**kwargs), timeout=timeout)

@@ -14,6 +14,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
@@ -85,7 +87,12 @@ def connect(url: str) -> aioredis.Redis | RedisCluster:
         return RedisCluster.from_url(
             "redis://" + url[len("redis+cluster://") :], decode_responses=True
         )
-    return aioredis.from_url(url, decode_responses=True)
+    # One immediate retry reconnects a pooled connection Redis dropped (a
+    # restart); more would only keep a message waiting on a Redis that is gone,
+    # which FailoverStore answers for locally instead.
+    return aioredis.from_url(
+        url, decode_responses=True, retry=Retry(NoBackoff(), 1), socket_connect_timeout=2
+    )
 
 
 class RedisStore:
@@ -300,6 +307,13 @@ class RedisStore:
             await self.client.ping()
         except RedisError as exc:
             raise StoreError(f"redis ping failed: {exc}") from exc
+
+    async def drop_connections(self) -> None:
+        """Close every pooled connection (after an outage they may all be dead
+        sockets); the next calls connect afresh. A cluster client re-finds its
+        nodes by itself after a connection error."""
+        if isinstance(self.client, aioredis.Redis):
+            await self.client.connection_pool.disconnect()
 
     async def close(self) -> None:
         await self.client.aclose()

@@ -1,0 +1,203 @@
+"""Redis with this process's memory behind it (DESIGN §4: outages).
+
+While Redis answers, every call goes to it. The first call that fails or
+takes longer than `timeout` marks the store degraded and is answered from a
+local MemoryStore instead; from then on calls go straight to memory, so no
+message waits on a dead Redis, while one background task pings Redis with
+backoff (`retry_min` doubling up to `retry_max`) and switches back as soon as
+it answers.
+
+What local state can and cannot do, by design:
+- Bot loops are still stopped: each replica counts the turns it sees (the
+  messages delivered to it and the replies it sends), so a loop through it
+  stops at the soft limit as it would on one process.
+- People are answered: a human message is admitted as always.
+- Redis's state is not copied into memory or back: on return the chat's
+  counters are Redis's (those it had, or none if Redis lost its keys), and
+  what was counted locally stays here for the next outage, expiring with its
+  TTL. A rate slot held on Redis when it went away expires with its window.
+- Pause and limit overrides live on Redis for every replica, so changing
+  them while degraded is refused (StoreError) rather than kept here and lost
+  on return; `reset` applies to the local state, which is what then decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from gateway.store.base import (
+    DECISION_LOG_SIZE,
+    AdmitRequest,
+    AdmitResult,
+    ChatStatus,
+    Limits,
+    Overrides,
+    SentRequest,
+    SentResult,
+    StoreError,
+)
+from gateway.store.memory import MemoryStore
+from gateway.store.redis import RedisStore
+
+log = logging.getLogger("botbouncer.store")
+
+T = TypeVar("T")
+
+
+class FailoverStore:
+    kind = "redis"
+
+    def __init__(
+        self,
+        primary: RedisStore,
+        fallback: MemoryStore,
+        *,
+        timeout: float = 0.5,
+        retry_min: float = 0.1,
+        retry_max: float = 1.0,
+        on_change: Callable[[bool], None] | None = None,
+    ) -> None:
+        self.primary = primary
+        self.fallback = fallback
+        self.timeout = timeout
+        self.retry_min = retry_min
+        self.retry_max = retry_max
+        self.on_change = on_change
+        self.error: str | None = None  # why Redis was left, while degraded
+        self.since: float | None = None  # time.time() it was left
+        self.outages = 0
+        self._probe: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def degraded(self) -> bool:
+        return self.error is not None
+
+    async def run(
+        self,
+        on_redis: Callable[[], Awaitable[T]],
+        local: Callable[[], Awaitable[T]],
+    ) -> T:
+        """`on_redis()` within the timeout, or `local()` when Redis is away or
+        fails now. Other parts on the same Redis (the agent guard) use this."""
+        if self.error is None:
+            try:
+                async with asyncio.timeout(self.timeout):
+                    return await on_redis()
+            except StoreError as exc:
+                self._degrade(str(exc))
+            except TimeoutError:
+                self._degrade(f"redis did not answer within {self.timeout:g} s")
+        return await local()
+
+    def _degrade(self, why: str) -> None:
+        if self.error is not None or self._closed:
+            return
+        self.error = why
+        self.since = time.time()
+        self.outages += 1
+        log.error("store degraded: %s; answering from this process's memory until Redis "
+                  "is back (retrying every %g-%g s)", why, self.retry_min,
+                  self.retry_max)  # fmt: skip
+        if self.on_change is not None:
+            self.on_change(True)
+        self._probe = asyncio.ensure_future(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        delay = self.retry_min
+        while not self._closed:
+            await asyncio.sleep(delay)  # backoff between probes: nothing to await instead
+            try:
+                async with asyncio.timeout(self.timeout):
+                    await self.primary.drop_connections()  # the pooled ones died with it
+                    await self.primary.ping()
+            except Exception as exc:  # whatever it is, Redis is not back yet
+                log.debug("redis still unreachable: %s", exc)
+                delay = min(delay * 2, self.retry_max)
+                continue
+            away = time.time() - (self.since or time.time())
+            self.error = self.since = None
+            log.warning("store back on Redis after %.1f s", away)
+            if self.on_change is not None:
+                self.on_change(False)
+            return
+
+    async def wait_recovered(self) -> None:
+        """Return once Redis answers again (at once when not degraded)."""
+        if self._probe is not None:
+            await asyncio.shield(self._probe)
+
+    # -- the Store protocol ----------------------------------------------
+
+    async def admit(self, req: AdmitRequest) -> AdmitResult:
+        return await self.run(lambda: self.primary.admit(req), lambda: self.fallback.admit(req))
+
+    async def record_sent(self, req: SentRequest) -> SentResult:
+        return await self.run(
+            lambda: self.primary.record_sent(req), lambda: self.fallback.record_sent(req)
+        )
+
+    async def release(
+        self, chat: str, bot: str, message_id: str, log: dict[str, Any] | None
+    ) -> None:
+        await self.run(
+            lambda: self.primary.release(chat, bot, message_id, log),
+            lambda: self.fallback.release(chat, bot, message_id, log),
+        )
+
+    async def status(
+        self, chat: str, bot: str, limits: Limits, now_ms: int | None = None
+    ) -> ChatStatus:
+        return await self.run(
+            lambda: self.primary.status(chat, bot, limits, now_ms),
+            lambda: self.fallback.status(chat, bot, limits, now_ms),
+        )
+
+    async def reset(self, chat: str) -> None:
+        await self.run(lambda: self.primary.reset(chat), lambda: self.fallback.reset(chat))
+
+    def _refuse(self, what: str) -> Callable[[], Awaitable[None]]:
+        async def refuse() -> None:
+            raise StoreError(
+                f"Redis is unreachable ({self.error}); {what} is refused until it is back, "
+                "because every replica reads it from Redis"
+            )
+
+        return refuse
+
+    async def set_paused(self, chat: str, paused: bool) -> None:
+        what = "pause" if paused else "resume"
+        await self.run(lambda: self.primary.set_paused(chat, paused), self._refuse(what))
+
+    async def set_overrides(self, chat: str, overrides: Overrides, merge: bool = False) -> None:
+        await self.run(
+            lambda: self.primary.set_overrides(chat, overrides, merge),
+            self._refuse("changing limits"),
+        )
+
+    async def decisions(self, chat: str, limit: int = DECISION_LOG_SIZE) -> list[dict[str, Any]]:
+        return await self.run(
+            lambda: self.primary.decisions(chat, limit),
+            lambda: self.fallback.decisions(chat, limit),
+        )
+
+    async def ping(self) -> None:
+        """Raise StoreError while degraded (for /healthz), naming why and since when."""
+        await self.run(self.primary.ping, self._degraded_error)
+
+    async def _degraded_error(self) -> None:
+        away = time.time() - (self.since or time.time())
+        raise StoreError(f"Redis unreachable for {away:.1f} s ({self.error}); "
+                         "answering from this process's memory")  # fmt: skip
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._probe is not None:
+            self._probe.cancel()
+            await asyncio.gather(self._probe, return_exceptions=True)
+        await self.primary.close()
+        await self.fallback.close()
