@@ -328,11 +328,14 @@ class EchoBackend(_Model):
 
 class _CalledBackend(_Model):
     """What every backend that is called out to has: a deadline, the recent
-    context it is given, and a circuit breaker."""
+    context it is given, a circuit breaker and a bound on calls in flight."""
 
     timeout_seconds: Float = Field(default=10.0, gt=0)
     context_messages: Int = Field(default=8, ge=0, le=50)
     breaker: BreakerConfig = BreakerConfig()
+    # Calls in flight at once, per bot; more wait for a place, and the wait
+    # counts against timeout_seconds. Bounds what a slow backend can pile up.
+    max_concurrent: Int = Field(default=32, ge=1, le=10_000)
 
 
 class WebhookBackend(_CalledBackend):

@@ -39,31 +39,39 @@ class EchoBackend:
 
 
 class Guarded:
-    """A backend with a deadline and a circuit breaker.
+    """A backend with a deadline, a circuit breaker and at most `max_concurrent`
+    calls in flight (the rest wait for a place within their deadline).
 
     No retry: a retried call that had in fact answered could reply twice.
     """
 
-    def __init__(self, inner: Backend, timeout: float, breaker: CircuitBreaker) -> None:
+    def __init__(
+        self, inner: Backend, timeout: float, breaker: CircuitBreaker, max_concurrent: int = 32
+    ) -> None:
         self.inner = inner
         self.name = inner.name
         self.timeout = timeout
         self.breaker = breaker
+        self.max_concurrent = max_concurrent
+        self.places = asyncio.Semaphore(max_concurrent)
 
     async def reply(self, msg: Message, context: Sequence[ContextEntry]) -> list[str]:
         try:
             self.breaker.before_call()
         except CircuitOpen as exc:
             raise BackendError(str(exc)) from None
+        placed = False
         try:
-            async with asyncio.timeout(self.timeout):
+            async with asyncio.timeout(self.timeout), self.places:
+                placed = True
                 out = await self.inner.reply(msg, context)
         except asyncio.CancelledError:
             self.breaker.abandoned()
             raise
         except TimeoutError:
             self.breaker.failed()
-            raise BackendError(f"no reply within {self.timeout:g} s") from None
+            busy = "" if placed else f" (waited for a place: {self.max_concurrent} calls in flight)"
+            raise BackendError(f"no reply within {self.timeout:g} s{busy}") from None
         except Exception:
             self.breaker.failed()
             raise
@@ -92,7 +100,7 @@ def make_backend(cfg: BackendConfig, bot_name: str, outbound: Outbound) -> Backe
         from gateway.backends.python import PythonBackend
 
         inner = PythonBackend(cfg)
-    return Guarded(inner, cfg.timeout_seconds, _breaker(cfg.breaker))
+    return Guarded(inner, cfg.timeout_seconds, _breaker(cfg.breaker), cfg.max_concurrent)
 
 
 def context_wanted(cfg: BackendConfig) -> int:

@@ -42,10 +42,23 @@ def hang() -> Answer:
     return run
 
 
+class Drop(Exception):
+    """Raised by an answer: the server closes the connection without a response."""
+
+
+def drop() -> Answer:
+    async def run(_: asyncio.Event) -> web.StreamResponse:
+        raise Drop
+
+    return run
+
+
 class FakeWebhook:
     def __init__(self) -> None:
         self.default: Answer = reply_json({"reply": "ok"})
         self.requests: list[dict[str, Any]] = []
+        self.active = 0  # requests being answered now
+        self.peak = 0  # the most at once
         self.queue: deque[Answer] = deque()
         self._stopping = asyncio.Event()
         self._runner: web.AppRunner | None = None
@@ -58,7 +71,16 @@ class FakeWebhook:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         self.requests.append(await request.json())
         answer = self.queue.popleft() if self.queue else self.default
-        return await answer(self._stopping)
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        try:
+            return await answer(self._stopping)
+        except Drop:
+            assert request.transport is not None
+            request.transport.abort()  # mid-request, no status line: the peer sees a reset
+            raise web.HTTPInternalServerError from None  # never written: the socket is gone
+        finally:
+            self.active -= 1
 
     async def __aenter__(self) -> FakeWebhook:
         app = web.Application()
