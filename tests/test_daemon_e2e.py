@@ -33,6 +33,7 @@ from gateway.config import parse_config
 from gateway.model import ChatKind
 from gateway.pipeline import limits_for
 from gateway.store.redis import RedisStore
+from tests.daemons import pingpong
 from tests.fakes.webhook import Answer, FakeWebhook
 from tests.redis_server import free_port
 
@@ -133,8 +134,9 @@ async def running(
     tmp_path: Path, redis_url: str, *settings: dict[str, Any]
 ) -> AsyncIterator[list[RunningDaemon]]:
     """Daemons started at once, one per settings dict (store and listen are added;
-    `admin_token` in settings goes under http), ready when each logged where it
-    listens; killed on the way out if still running."""
+    `admin_token` in settings goes under http, a `store` dict in settings keeps
+    its other keys), ready when each logged where it listens; killed on the way
+    out if still running."""
     daemons: list[RunningDaemon] = []
     try:
         for i, s in enumerate(settings):
@@ -142,7 +144,7 @@ async def running(
             http: dict[str, Any] = {"listen": f"127.0.0.1:{free_port()}"}
             if "admin_token" in s:
                 http["admin_token"] = s.pop("admin_token")
-            base = {"store": {"url": redis_url}, "http": http}
+            base = {"store": {**s.pop("store", {}), "url": redis_url}, "http": http}
             path = tmp_path / f"daemon{i}.yml"
             path.write_text(config_text(s, base))
             proc = await asyncio.create_subprocess_exec(
@@ -422,35 +424,17 @@ async def test_two_daemons_ping_pong_until_the_soft_limit_then_a_human_resumes_t
     pong_cfg = {"bots": [http_bot("pong", turns={"soft_limit": soft_limit})]}
     async with running(tmp_path, redis_url, ping_cfg, pong_cfg) as (ping, pong):
         daemons = {"ping": ping, "pong": pong}
-        other = {"ping": "pong", "pong": "ping"}
         chat = chats()
-        out = await ingress(http, ping, "ping", {"chat": chat, "author": "human",
-                                                 "text": "ping, start", "id": "h1"})  # fmt: skip
-        speaker = "ping"
-        posted: list[tuple[str, str]] = []  # (kind, author) of each bot message in the chat
-        last = out
-        for _ in range(20):
-            if last["action"] == "reply":
-                kind, text, msg_id = "reply", last["reply"], last["reply_id"]
-            elif last["action"] == "warn":
-                kind, text, msg_id = "warning", last["warning"], last["warning_id"]
-            else:
-                break
-            posted.append((kind, speaker))
-            listener = other[speaker]
-            relay = {"chat": chat, "author": speaker, "bot": True, "text": text, "id": msg_id}
-            last = await ingress(http, daemons[listener], listener, relay)
-            speaker = listener
-        else:
-            raise AssertionError(f"the bots never stopped: {posted}")
 
-        replies = [p for p in posted if p[0] == "reply"]
-        warnings = [p for p in posted if p[0] == "warning"]
-        assert len(replies) == soft_limit  # at most soft_limit, and the loop got that far
-        assert {author for _, author in replies} == {"ping", "pong"}
-        assert len(warnings) == 1
-        assert posted[-1][0] == "warning"  # nothing after the warning
-        assert (last["action"], last["reason"]) == ("drop", "turn_throttled")
+        async def post(bot: str, body: dict[str, Any]) -> dict[str, Any]:
+            return await ingress(http, daemons[bot], bot, body)
+
+        relay = await pingpong(post, chat, "ping", "pong")
+        assert len(relay.replies) == soft_limit  # at most soft_limit, and the loop got that far
+        assert set(relay.replies) == {"ping", "pong"}
+        assert len(relay.warnings) == 1
+        assert relay.posted[-1][0] == "warning"  # nothing after the warning
+        assert (relay.last["action"], relay.last["reason"]) == ("drop", "turn_throttled")
 
         resumed = await ingress(http, pong, "pong", {"chat": chat, "author": "human",
                                                      "text": "carry on", "id": "h2"})  # fmt: skip

@@ -17,7 +17,9 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException, RedisError
+from redis.typing import EncodableT
 
 from gateway.model import Action, Reason, Turn
 from gateway.store.base import (
@@ -81,12 +83,31 @@ class ChatKeys:
         ]
 
 
+class _Cluster(RedisCluster):
+    """redis-py's cluster client, made to route from its first command.
+
+    redis-py (8.1) picks a command's node before it first loads the cluster's
+    topology: commands issued at once on a fresh client go to an arbitrary
+    node, come back MOVED, and the reconnects that follow break connections
+    still in their handshake (an AttributeError from inside the library).
+    Loading the topology first, once, routes every command by its keys. And
+    "cannot be connected" or "slot not covered" is a RedisClusterException,
+    which is no RedisError: raised as one, it becomes a StoreError like any
+    other Redis failure instead of escaping the store.
+    """
+
+    async def execute_command(self, *args: EncodableT, **kwargs: Any) -> Any:
+        try:
+            await self.initialize()
+            return await super().execute_command(*args, **kwargs)
+        except RedisClusterException as exc:
+            raise RedisConnectionError(f"redis cluster: {exc}") from exc
+
+
 def connect(url: str) -> aioredis.Redis | RedisCluster:
     """A client for `redis://`, `rediss://` or `redis+cluster://` URLs."""
     if url.startswith("redis+cluster://"):
-        return RedisCluster.from_url(
-            "redis://" + url[len("redis+cluster://") :], decode_responses=True
-        )
+        return _Cluster.from_url("redis://" + url[len("redis+cluster://") :], decode_responses=True)
     # One immediate retry reconnects a pooled connection Redis dropped (a
     # restart); more would only keep a message waiting on a Redis that is gone,
     # which FailoverStore answers for locally instead.
