@@ -11,12 +11,14 @@ from pathlib import Path
 from typing import TextIO
 
 from gateway.config import Config, ConfigError, load_config
+from gateway.redact import redact
 
 EXIT_USAGE = 2
 
 
 def _fail(message: str) -> int:
-    print(f"botbouncer: {message}", file=sys.stderr)
+    # Not a log line, so no log filter sees it: mask the loaded secrets here.
+    print(f"botbouncer: {redact(message)}", file=sys.stderr)
     return EXIT_USAGE
 
 

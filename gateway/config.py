@@ -39,6 +39,8 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
 
+from gateway.redact import remember
+
 __all__ = [
     "AdminsConfig",
     "BotConfig",
@@ -84,6 +86,10 @@ _LOCATED = "located"
 MAX_COUNT = 1_000_000
 MAX_WINDOW_SECONDS = 30 * 86400
 MAX_TTL_SECONDS = 10 * 365 * 86400
+# A config file is a few kilobytes; these bounds make a huge file or a YAML
+# alias bomb a quick, clear error instead of minutes of parsing or expanding.
+MAX_FILE_BYTES = 1024 * 1024
+MAX_VALUES = 100_000
 
 
 class ConfigError(Exception):
@@ -480,7 +486,7 @@ class BotConfig(Policy):
         if value is not None:
             parts = urlsplit(value)
             if parts.scheme not in ("ws", "wss") or not parts.netloc:
-                raise ValueError(f"must be a ws:// or wss:// URL, not {value!r}")
+                raise ValueError(f"must be a ws:// or wss:// URL, not {_mask_password(value)!r}")
         return value
 
     @model_validator(mode="after")
@@ -560,7 +566,9 @@ class StoreConfig(_Model):
 def _mask_password(url: Any) -> Any:
     if not isinstance(url, str):
         return url
-    return re.sub(r"(://[^/@]*?:)[^/@]*@", r"\1***@", url)
+    url = re.sub(r"(://[^/@]*?:)[^/@]*@", r"\1***@", url)
+    # redis-py also takes the password as a query parameter
+    return re.sub(r"([?&]password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
 
 
 _HOSTNAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
@@ -996,16 +1004,14 @@ def _problems(exc: ValidationError, raw: Any) -> list[str]:
     items = [_translate(err) for err in exc.errors(include_url=False, include_input=False)]
     from_defaults = {(loc[1:], msg) for loc, msg in items if loc[:1] == ("defaults",)}
     bots = raw.get("bots") if isinstance(raw, Mapping) else None
-    problems: list[str] = []
+    problems: dict[str, None] = {}  # ordered, and a set: a huge list of bad items stays fast
     for loc, msg in items:
         if len(loc) >= 2 and loc[0] == "bots" and isinstance(loc[1], int):
             own = bots[loc[1]] if isinstance(bots, list) and loc[1] < len(bots) else None
             if (loc[2:], msg) in from_defaults and not _resolves(own, loc[2:]):
                 continue
-        line = f"{_format_path(loc)}: {msg}"
-        if line not in problems:
-            problems.append(line)
-    return problems
+        problems[f"{_format_path(loc)}: {msg}"] = None
+    return list(problems)
 
 
 # --------------------------------------------------------------------------
@@ -1049,16 +1055,38 @@ def _parse_yaml(text: str, source: str) -> Any:
         raise ConfigError(f"{source}: nested too deeply") from None
 
 
-def _check_acyclic(node: Any, path: KeyPath, stack: set[int]) -> None:
-    # YAML anchors can build a list that contains itself; refuse it up front.
-    if isinstance(node, dict | list):
-        if id(node) in stack:
-            raise ConfigError(f"{_format_path(path)}: a recursive alias is not allowed")
-        stack.add(id(node))
-        items = node.items() if isinstance(node, dict) else enumerate(node)
-        for key, value in items:
-            _check_acyclic(value, (*path, key if isinstance(key, int) else str(key)), stack)
-        stack.discard(id(node))
+def _check_acyclic(
+    node: Any, path: KeyPath, stack: set[int], sizes: dict[int, int] | None = None
+) -> int:
+    """How many values `node` holds once its aliases are expanded.
+
+    YAML anchors can build a list that contains itself, or ("billion laughs")
+    a few lines whose aliases expand to billions of values; refuse both up
+    front. Each shared node is walked once (`sizes`), so this is linear in
+    the file, not in the expansion."""
+    if not isinstance(node, dict | list):
+        return 1
+    sizes = {} if sizes is None else sizes
+    known = sizes.get(id(node))
+    if known is not None:
+        return known
+    if id(node) in stack:
+        raise ConfigError(f"{_format_path(path)}: a recursive alias is not allowed")
+    stack.add(id(node))
+    total = 1
+    items = node.items() if isinstance(node, dict) else enumerate(node)
+    for key, value in items:
+        total += _check_acyclic(
+            value, (*path, key if isinstance(key, int) else str(key)), stack, sizes
+        )
+        if total > MAX_VALUES:
+            raise ConfigError(
+                f"{_format_path(path)}: holds more than {MAX_VALUES} values once its aliases"
+                " are expanded; a configuration is far smaller"
+            )
+    stack.discard(id(node))
+    sizes[id(node)] = total
+    return total
 
 
 def parse_config(
@@ -1085,10 +1113,12 @@ def parse_config(
 
 
 def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Config:
-    """Read, interpolate and validate a config file."""
+    """Read, interpolate and validate a config file. Its secrets are remembered
+    (gateway/redact.py), so that no later log line or error message shows them."""
     name = os.fspath(path)
     try:
-        raw = Path(name).read_bytes()
+        with Path(name).open("rb") as file:  # at most one byte past the limit: /dev/zero ends
+            raw = file.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"{name}: no such file") from None
     except IsADirectoryError:
@@ -1097,8 +1127,14 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
         raise ConfigError(f"{name}: permission denied") from None
     except OSError as exc:
         raise ConfigError(f"{name}: cannot read: {exc.strerror or exc}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ConfigError(
+            f"{name}: larger than {MAX_FILE_BYTES // 1024} KiB; a configuration file is far smaller"
+        )
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{name}: not UTF-8 text (bad byte at offset {exc.start})") from None
-    return parse_config(text, source=name, env=env)
+    config = parse_config(text, source=name, env=env)
+    remember(config)
+    return config

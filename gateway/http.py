@@ -22,6 +22,7 @@ from gateway.guard.openapi import OPENAPI
 from gateway.guard.service import Answer, Guard, GuardInputError, ProfileConflict
 from gateway.inflight import ShuttingDown
 from gateway.metrics import CONTENT_TYPE, Metrics
+from gateway.redact import redact
 from gateway.store import Store, StoreError
 from gateway.store.base import DECISION_LOG_SIZE
 
@@ -136,7 +137,7 @@ class HttpServer:
             async with asyncio.timeout(PING_TIMEOUT):
                 await self.store.ping()
         except (StoreError, TimeoutError) as exc:
-            body.update(status="degraded", error=str(exc) or "store ping timed out")
+            body.update(status="degraded", error=redact(str(exc)) or "store ping timed out")
         self.metrics.store_degraded.set(1 if body["status"] == "degraded" else 0)
         return web.json_response(body)
 

@@ -11,6 +11,8 @@ from typing import Any
 
 import aiohttp
 
+from gateway.redact import redact
+
 
 class LLMError(Exception):
     """The call failed; the message says how (status, timeout, bad JSON...)."""
@@ -38,21 +40,26 @@ async def chat_completion(
     if temperature is not None:
         body["temperature"] = temperature
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    def shown(raw: bytes, limit: int) -> str:
+        # The endpoint may echo the request's headers: mask the key, then cut.
+        return redact(raw.decode("utf-8", "replace"), [api_key])[:limit]
+
     try:
         deadline = aiohttp.ClientTimeout(total=timeout_seconds)
         async with session.post(url, json=body, headers=headers, timeout=deadline) as resp:
             raw = await resp.read()
             if resp.status != 200:
-                raise LLMError(f"HTTP {resp.status}: {raw[:200].decode('utf-8', 'replace')}")
+                raise LLMError(f"HTTP {resp.status}: {shown(raw, 200)}")
     except TimeoutError:
         raise LLMError(f"no answer within {timeout_seconds:g} s") from None
     except aiohttp.ClientError as exc:
-        raise LLMError(f"{type(exc).__name__}: {exc}") from None
+        raise LLMError(redact(f"{type(exc).__name__}: {exc}", [api_key])) from None
     try:
         data = json.loads(raw)
         content = data["choices"][0]["message"]["content"]
     except (ValueError, LookupError, TypeError) as exc:
-        raise LLMError(f"malformed response ({type(exc).__name__}): {raw[:120]!r}") from None
+        raise LLMError(f"malformed response ({type(exc).__name__}): {shown(raw, 120)!r}") from None
     if content is None:
         return ""
     if not isinstance(content, str):

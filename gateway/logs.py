@@ -12,6 +12,8 @@ import logging
 import sys
 from datetime import UTC, datetime
 
+from gateway.redact import RedactingFilter
+
 TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 
 
@@ -27,7 +29,8 @@ class JsonFormatter(logging.Formatter):
         if decision is not None:
             out["decision"] = decision
         if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
+            # exc_text: the traceback as RedactingFilter left it, secrets masked
+            out["exception"] = record.exc_text or self.formatException(record.exc_info)
         return json.dumps(out, ensure_ascii=False, default=str)
 
 
@@ -49,8 +52,10 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
 def setup_logging(level: str, fmt: str) -> logging.Handler:
     """`fmt` is "text" or "json"; everything goes to stderr. Calling it again
     replaces its own handler, not ones others installed. Returns the handler,
-    for a caller that runs in-process (tests) to remove when done."""
+    for a caller that runs in-process (tests) to remove when done. Every line
+    has the configured secrets masked (gateway/redact.py)."""
     handler = _Stderr()
+    handler.addFilter(RedactingFilter())
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [h for h in root.handlers if not isinstance(h, _Stderr)] + [handler]

@@ -31,10 +31,9 @@ from gateway.admin import JSON_LIMIT_KEYS, LIMIT_KEYS, AdminError
 from gateway.config import parse_config
 from gateway.daemon import Daemon
 from gateway.guard.openapi import OPENAPI
-from gateway.store.redis import RedisStore
-from tests.daemons import redis_of
 from gateway.wire import FIELDS
 from tests.conftest import delete_prefix
+from tests.daemons import redis_of
 
 TOKEN = "fuzz-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

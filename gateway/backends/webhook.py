@@ -16,6 +16,7 @@ import aiohttp
 from gateway import config
 from gateway.model import Message
 from gateway.outbound import Outbound
+from gateway.redact import redact
 from gateway.store import ContextEntry
 
 
@@ -61,6 +62,10 @@ class WebhookBackend:
         self.outbound = outbound
         self.headers = {k: v.get_secret_value() for k, v in cfg.headers.items()}
 
+    def _error(self, text: str) -> WebhookError:
+        # The answer may echo the request's headers (a proxy's error page).
+        return WebhookError(redact(text, self.headers.values()))
+
     async def reply(self, msg: Message, context: Sequence[ContextEntry]) -> list[str]:
         body = {"bot": self.bot, "message": message_json(msg),
                 "context": [e.as_dict() for e in context]}  # fmt: skip
@@ -70,17 +75,19 @@ class WebhookBackend:
                 raw = await resp.read()
                 status = resp.status
         except aiohttp.ClientError as exc:
-            raise WebhookError(f"webhook unreachable: {type(exc).__name__}: {exc}") from None
+            raise self._error(f"webhook unreachable: {type(exc).__name__}: {exc}") from None
         if status == 204:
             return []
         if not 200 <= status < 300:
-            raise WebhookError(f"webhook answered HTTP {status}: {raw[:200]!r}")
+            # Masked before it is cut short: a cut secret would not be recognised.
+            shown = redact(raw.decode("utf-8", "replace"), self.headers.values())
+            raise self._error(f"webhook answered HTTP {status}: {shown[:200]!r}")
         if not raw.strip():
             return []
         try:
             return parse_replies(json.loads(raw))
         except ValueError as exc:  # JSONDecodeError is a ValueError too
-            raise WebhookError(f"webhook answered invalid JSON: {exc}") from None
+            raise self._error(f"webhook answered invalid JSON: {exc}") from None
 
 
 class WebhookError(Exception):
