@@ -60,4 +60,9 @@ def setup_logging(level: str, fmt: str) -> logging.Handler:
     root = logging.getLogger()
     root.handlers[:] = [h for h in root.handlers if not isinstance(h, _Stderr)] + [handler]
     root.setLevel(level.upper())
+    # httpx logs every request at INFO: with Telegram polling, a line per long
+    # poll. Its requests show at debug level, like every other library's.
+    logging.getLogger("httpx").setLevel(
+        logging.DEBUG if root.level <= logging.DEBUG else logging.WARNING
+    )
     return handler
