@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import ipaddress
 import logging
 import signal
 from collections.abc import Callable
@@ -192,6 +193,10 @@ class Daemon:
         except BaseException:
             await self.stop()  # what did start (listener, clients) is closed again
             raise
+        if not _loopback(http.host):
+            log.warning("listening on %s beyond this machine: the ingress and the guard "
+                        "API take no token, so let only trusted callers reach it (firewall, "
+                        "authenticating proxy); see README, Security", http.listen)  # fmt: skip
         host = f"[{http.host}]" if ":" in http.host else http.host
         port = self._runner.addresses[0][1] if http.port == 0 else http.port
         return f"http://{host}:{port}"
@@ -239,6 +244,13 @@ class Daemon:
             await self._runner.cleanup()
         await self.outbound.close()
         await self.store.close()
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def reload_file(daemon: Daemon, path: str) -> None:

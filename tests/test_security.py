@@ -774,11 +774,14 @@ async def test_a_daemon_on_the_default_host_is_bound_to_127_0_0_1() -> None:
         assert url == f"http://127.0.0.1:{port}"
 
 
-async def test_another_listen_address_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_another_listen_address_is_honoured(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     # another loopback address, really bound (Linux routes all of 127/8 to lo)
     port = free_port()
     async with started(parse_config(MINIMAL + f'http: {{listen: "127.0.0.2:{port}"}}\n')) as (d, _):
         assert bound(d) == [("127.0.0.2", port)]
+    assert "beyond this machine" not in caplog.text  # loopback: nothing to warn about
     # "0.0.0.0": what reaches the socket layer, without opening a port to the network
     asked: list[tuple[object, object]] = []
     real_site = web.TCPSite
@@ -792,3 +795,5 @@ async def test_another_listen_address_is_honoured(monkeypatch: pytest.MonkeyPatc
     async with started(parse_config(MINIMAL + f'http: {{listen: "0.0.0.0:{port}"}}\n')):
         pass
     assert asked == [("0.0.0.0", port)]
+    # and the operator is told the ingress and guard API are now open to the network
+    assert f"listening on 0.0.0.0:{port} beyond this machine" in caplog.text
