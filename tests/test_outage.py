@@ -11,6 +11,7 @@ import itertools
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -144,6 +145,30 @@ async def test_a_frozen_redis_costs_one_timeout_then_nothing(
     # written before Redis froze, so Redis ran it on waking) and this one.
     # Counting a message in both places errs on the side of stopping.
     assert (await store.admit(bot_turn())).soft == 3
+
+
+async def test_a_slow_call_while_others_are_answered_does_not_leave_redis(
+    store: FailoverStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A busy process (event loop late) times calls out on a healthy Redis:
+    that call is decided locally, the store stays on Redis."""
+    real = store.primary.admit
+    held = asyncio.Event()
+
+    async def admit(req: AdmitRequest) -> Any:
+        if req.msg.message_id == "slow":
+            await held.wait()  # late, as a call behind a busy event loop would be
+        return await real(req)
+
+    monkeypatch.setattr(store.primary, "admit", admit)
+    slow = AdmitRequest(replace(bot_turn().msg, message_id="slow"), "me", None, True, LIMITS)
+    late = asyncio.create_task(store.admit(slow))
+    for _ in range(3):
+        await store.admit(bot_turn())  # Redis answers these meanwhile
+    await late
+    held.set()
+    assert (store.slow, store.outages, store.degraded) == (1, 0, False)
+    assert (await store.admit(bot_turn())).soft == 4  # still Redis's count
 
 
 def guard_on(store: FailoverStore) -> tuple[Guard, FailoverEngine]:
