@@ -36,6 +36,7 @@ import pytest
 import yaml
 from aiohttp import web
 
+import gateway.redact as redact_module
 from gateway.cli import main as cli_main
 from gateway.config import Config, load_config, parse_config
 from gateway.daemon import Daemon, StartupError, reload_file
@@ -517,8 +518,10 @@ async def test_the_real_command_masks_secrets_in_every_line_it_prints(
 
 
 def test_the_log_filter_masks_every_form_in_messages_and_tracebacks(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # none of the secrets earlier tests' configs left in the process-wide set
+    monkeypatch.setattr(redact_module, "SECRETS", Redactor())
     secret = 'p@ss/w:rd+"é-' + uuid.uuid4().hex
     redactor = Redactor([secret, "abc"])  # 3 characters: too short to mask
     forms = [secret, quote(secret, safe=""), quote(secret).lower(), quote_plus(secret),
