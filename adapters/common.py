@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Awaitable, Callable, Iterable
 
 from gateway.inflight import ShuttingDown
@@ -31,6 +32,23 @@ async def handle_event(gateway: Gateway, what: str, work: Callable[[], Awaitable
         log.info("bot %s: %s arrived while stopping; not handled", gateway.bot.name, what)
     except StoreError as exc:
         log.error("bot %s: %s not handled: %s", gateway.bot.name, what, exc)
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean(text: str | None) -> str:
+    """Platform text as the gateway can keep it: None is "", and a lone
+    surrogate (JSON may spell one, "\\ud800"; no store or platform can encode
+    it) becomes U+FFFD. Everything else - NULs, zero-width and right-to-left
+    characters - is the sender's business and stays as it is."""
+    if not text:
+        return ""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _LONE_SURROGATE.sub("\ufffd", text)
+    return text
 
 
 def utf16_len(text: str) -> int:

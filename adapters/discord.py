@@ -22,7 +22,7 @@ from discord import app_commands
 from discord.gateway import DiscordWebSocket
 from discord.http import Route
 
-from adapters.common import SendFailed, deliver, handle_event, split_message
+from adapters.common import SendFailed, clean, deliver, handle_event, split_message
 from gateway.admin import Admin, AdminError
 from gateway.config import BotConfig
 from gateway.daemon import StartupError
@@ -60,12 +60,13 @@ def to_message(m: discord.Message) -> Message:
     kind = ChatKind.DM if isinstance(channel, discord.DMChannel) else ChatKind.GROUP
     reply_to = None
     if m.reference is not None and isinstance(m.reference.resolved, discord.Message):
-        reply_to = str(m.reference.resolved.author.id)
+        replied = getattr(m.reference.resolved, "author", None)  # None: a payload without one
+        reply_to = None if replied is None else str(replied.id)
     return Message(
         id=str(m.id),
         chat=ChatRef(platform="discord", id=str(channel.id), kind=kind),
-        author=Author(str(m.author.id), m.author.display_name, m.author.bot),
-        text=m.content,
+        author=Author(str(m.author.id), clean(m.author.display_name), m.author.bot),
+        text=clean(m.content),  # None in a payload with "content": null
         mentions=tuple(str(u.id) for u in m.mentions),
         reply_to=reply_to,
         system=m.is_system(),
@@ -92,6 +93,11 @@ class DiscordAdapter:
         self._add_commands()
         self.client.event(self.on_message)
         self.client.event(self.on_ready)
+        # discord.py parses a MESSAGE_CREATE before any handler runs; one it
+        # cannot read (no author, no content, an id that is no number) would
+        # end the shard's whole connection. Drop that one event instead.
+        parsers = self.client._connection.parsers
+        parsers["MESSAGE_CREATE"] = self._tolerant(parsers["MESSAGE_CREATE"])
         self.ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -167,7 +173,22 @@ class DiscordAdapter:
 
     # -- messages ---------------------------------------------------------------
 
+    def _tolerant(self, parse: Callable[[Any], None]) -> Callable[[Any], None]:
+        def run(data: Any) -> None:
+            try:
+                parse(data)
+            except Exception as exc:
+                what = data.get("id") if isinstance(data, dict) else type(data).__name__
+                log.warning("bot %s: could not read message %s from Discord (%s: %s); ignored",
+                            self.bot.name, what, type(exc).__name__, exc)  # fmt: skip
+
+        return run
+
     async def on_message(self, message: discord.Message) -> None:
+        if getattr(message, "author", None) is None:  # discord.py keeps a payload without one
+            log.warning("bot %s: could not read message %s from Discord (no author); ignored",
+                        self.bot.name, message.id)  # fmt: skip
+            return
         await handle_event(self.gateway, f"message {message.id}", lambda: self._handle(message))
 
     async def _handle(self, message: discord.Message) -> None:

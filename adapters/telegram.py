@@ -17,8 +17,9 @@ import asyncio
 import hmac
 import logging
 import warnings
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
+from typing import Any
 
 from aiohttp import web
 from telegram import (
@@ -33,9 +34,17 @@ from telegram import Message as TgMessage
 from telegram.constants import ChatAction, ChatMemberStatus, ChatType
 from telegram.error import InvalidToken, TelegramError
 from telegram.ext import AIORateLimiter, Application, ContextTypes, TypeHandler, filters
+from telegram.request import HTTPXRequest
 from telegram.warnings import PTBDeprecationWarning
 
-from adapters.common import SendFailed, deliver, handle_event, split_message, utf16_len
+from adapters.common import (
+    SendFailed,
+    clean,
+    deliver,
+    handle_event,
+    split_message,
+    utf16_len,
+)
 from gateway.admin import Admin, AdminError
 from gateway.config import BotConfig
 from gateway.daemon import StartupError
@@ -86,11 +95,26 @@ def author_of(m: TgMessage) -> Author:
     Channel_Bot, on behalf of people: it is a person speaking, never a bot turn."""
     if m.sender_chat is not None:
         chat = m.sender_chat
-        return Author(str(chat.id), chat.title or chat.username or "", False)
+        return Author(str(chat.id), clean(chat.title or chat.username), False)
     user = m.from_user
     if user is None:  # not sent by Telegram for messages in chats; never crash on it
         return Author("unknown", "", False)
-    return Author(str(user.id), user.full_name, user.is_bot)
+    return Author(str(user.id), clean(user.full_name), user.is_bot)
+
+
+def entity_texts(text: str, entities: Sequence[MessageEntity]) -> dict[MessageEntity, str]:
+    """The text each addressing entity covers, counted in UTF-16 code units as
+    Telegram does. PTB's own parse_entities raises on a lone surrogate in the
+    text or an entity that cuts a surrogate pair; here an entity before, past
+    or inside the text covers what is there, half characters as U+FFFD."""
+    units = text.encode("utf-16-le", "surrogatepass")
+    out: dict[MessageEntity, str] = {}
+    for entity in entities:
+        if entity.type in _ADDRESSING:
+            start = max(0, entity.offset)
+            end = max(start, entity.offset + entity.length)
+            out[entity] = units[2 * start : 2 * end].decode("utf-16-le", "replace")
+    return out
 
 
 def to_message(update: Update, me: User) -> Message:
@@ -99,9 +123,9 @@ def to_message(update: Update, me: User) -> Message:
     assert m is not None  # dispatch() passes messages only
     own = (me.username or "").lower()
     if m.text is not None:
-        text, entities = m.text, m.parse_entities(list(_ADDRESSING))
+        text, entities = m.text, entity_texts(m.text, m.entities)
     else:
-        text, entities = m.caption or "", m.parse_caption_entities(list(_ADDRESSING))
+        text, entities = m.caption or "", entity_texts(m.caption or "", m.caption_entities)
     mentions: set[str] = set()
     for entity, said in entities.items():
         if entity.type == MessageEntity.TEXT_MENTION and entity.user is not None:
@@ -120,7 +144,7 @@ def to_message(update: Update, me: User) -> Message:
         id=str(m.message_id),
         chat=chat_of(m),
         author=author_of(m),
-        text=text,
+        text=clean(text),
         mentions=tuple(sorted(mentions)),
         reply_to=reply_to,
         system=bool(filters.StatusUpdate.ALL.check_update(update)),
@@ -130,7 +154,7 @@ def to_message(update: Update, me: User) -> Message:
 def admin_command(m: TgMessage, username: str) -> str | None:
     """`status`, `limits soft=5`, ... for `/bouncer_<command>[@thisbot] args`;
     FOREIGN for a /bouncer_ command addressed to another bot; None otherwise."""
-    text = m.text or ""
+    text = clean(m.text)
     if not text.startswith("/" + COMMAND_PREFIX):
         return None
     head, *args = text.split()  # any whitespace: "/bouncer_why\n5" is "why 5"
@@ -138,6 +162,38 @@ def admin_command(m: TgMessage, username: str) -> str | None:
     if target and target.lower() != username.lower():
         return FOREIGN
     return " ".join([command, *args])
+
+
+class ReadableUpdates(HTTPXRequest):
+    """The getUpdates connection (PTB's defaults: one connection, HTTP/1.1),
+    which replaces each update python-telegram-bot cannot parse - a field it
+    requires is missing (a Bot API server older than PTB, e.g. a poll option
+    without persistent_id), a malformed payload - by its bare update_id. That
+    update is then skipped and confirmed; otherwise PTB fails on the whole
+    batch, fetches it again at once, and the bot hears nothing any more."""
+
+    def __init__(self, bot_name: str) -> None:
+        super().__init__()
+        self.bot_name = bot_name
+
+    def parse_json_payload(self, payload: bytes) -> dict[str, Any]:  # type: ignore[override]
+        data = HTTPXRequest.parse_json_payload(payload)
+        result = data.get("result")
+        if isinstance(result, list):
+            data["result"] = [self._readable(update) for update in result]
+        return data
+
+    def _readable(self, update: Any) -> Any:
+        try:
+            Update.de_json(update, None)
+        except Exception as exc:
+            update_id = update.get("update_id") if isinstance(update, dict) else None
+            if not isinstance(update_id, int):
+                return update  # not from Telegram; PTB says what is wrong
+            log.warning("bot %s: skipped update %d, which python-telegram-bot cannot read: %r",
+                        self.bot_name, update_id, exc)  # fmt: skip
+            return {"update_id": update_id}
+        return update
 
 
 class TelegramAdapter:
@@ -159,6 +215,7 @@ class TelegramAdapter:
             .base_file_url(f"{self.api}/file/bot")
             .rate_limiter(AIORateLimiter(max_retries=SEND_RETRIES))
             .concurrent_updates(CONCURRENT_UPDATES)
+            .get_updates_request(ReadableUpdates(bot.name))
         )
         if self.webhook is not None:
             builder = builder.updater(None)
@@ -278,7 +335,7 @@ class TelegramAdapter:
             raise BadRequest("body: must be a Telegram Update object with an update_id")
         try:
             update = Update.de_json(body, self.app.bot)
-        except (KeyError, TypeError, ValueError) as exc:
+        except Exception as exc:  # whatever PTB's parser trips on ("message": 5): a 400
             raise BadRequest(f"body: not a Telegram Update: {exc!r}") from None
         with self.gateway.inflight.track():
             await self.dispatch(update)

@@ -911,7 +911,10 @@ def _format_path(path: Iterable[str | int]) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            out += f".{part}" if out else part
+            # A key that is empty, blank or holds a line break or a control
+            # character is quoted: one problem stays one readable line.
+            shown = part if part.isprintable() and part.strip() else repr(part)
+            out += f".{shown}" if out else shown
     return out or "(top level)"
 
 
@@ -1023,6 +1026,8 @@ class _StrictLoader(yaml.SafeLoader):
     """SafeLoader that refuses duplicate keys instead of keeping the last one."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if not isinstance(node, yaml.MappingNode):  # `!!map [1]`, `!!set 1`
+            return super().construct_mapping(node, deep)  # "expected a mapping node"
         seen: set[Any] = set()
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(
@@ -1037,10 +1042,35 @@ class _StrictLoader(yaml.SafeLoader):
             seen.add(key)
         return super().construct_mapping(node, deep)
 
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except (yaml.YAMLError, RecursionError):
+            raise
+        except Exception as exc:
+            # A scalar PyYAML's constructors choke on (an int past Python's
+            # 4300-digit limit, a 13th month, an empty `!!int`): a YAML error
+            # at that scalar, not a traceback.
+            kind = str(node.tag).rsplit(":", 1)[-1]
+            problem = f"cannot read this value as {kind}"
+            if isinstance(exc, ValueError | OverflowError):
+                problem += f": {str(exc).split(';')[0]}"
+            raise yaml.constructor.ConstructorError(None, None, problem, node.start_mark) from None
+
 
 def _parse_yaml(text: str, source: str) -> Any:
+    loader: _StrictLoader | None = None
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
+        loader = _StrictLoader(text)  # a SafeLoader subclass; its reader checks characters
+        return loader.get_single_data()
+    except yaml.reader.ReaderError as exc:
+        # e.g. a NUL or another control character, which YAML does not allow
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        what = f"U+{exc.character:04X}" if isinstance(exc.character, int) else "this character"
+        raise ConfigError(
+            f"{source}: line {line}, column {column}: character {what} is not allowed in YAML"
+        ) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or exc.context or "invalid YAML"
@@ -1053,6 +1083,17 @@ def _parse_yaml(text: str, source: str) -> Any:
         raise ConfigError(f"{source}: {exc}") from None
     except RecursionError:
         raise ConfigError(f"{source}: nested too deeply") from None
+    except Exception as exc:
+        # PyYAML's own, outside any node: the scanner's chr() of an escape such
+        # as "\UFFFFFFFF" past Unicode's end, ...: an error, never a traceback.
+        where = ""
+        if loader is not None:
+            mark = loader.get_mark()
+            where = f"line {mark.line + 1}, column {mark.column + 1}: "
+        raise ConfigError(f"{source}: {where}cannot read this value: {exc}") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
 
 
 def _check_acyclic(

@@ -1127,6 +1127,41 @@ class FakeDiscord(Recording):
         await self._store_and_fanout(rec)
         return rec.payload
 
+    def message_payload(
+        self, channel_id: int, author_id: int, content: str, *, message_type: int = 0
+    ) -> Json:
+        """A MESSAGE_CREATE payload as `user_says` would build it (fresh id, mentions
+        resolved), neither recorded nor dispatched: a starting point for
+        `dispatch_raw` payloads that Discord should never send."""
+        rec = self._new_message(
+            channel_id=channel_id,
+            author_id=author_id,
+            content=content,
+            message_type=message_type,
+            via="raw",
+            allowed_mentions=None,
+            message_reference=None,
+            referenced=None,
+        )
+        return copy.deepcopy(rec.payload)
+
+    async def dispatch_raw(
+        self,
+        event: str,
+        data: Any,
+        *,
+        guild_id: int | None = None,
+        user_id: int | None = None,
+    ) -> list[Dispatch]:
+        """Dispatch `data` exactly as given (no checks, no intent filtering, not
+        recorded as a message) to every session that gets events of `guild_id`
+        (None: as a DM, to shard 0), or only to bot `user_id`'s. Returns the
+        dispatches made."""
+        before = len(self.dispatches)
+        await self._fanout(event, data, guild_id, only_user=user_id)
+        await self.changed()
+        return self.dispatches[before:]
+
     async def _fanout(
         self,
         event: str,

@@ -1118,6 +1118,28 @@ class FakeTelegram(Recording):
         await self.changed()
         return msg
 
+    def message_payload(
+        self, chat_id: int, user_id: int, text: str | None = None, **fields: Any
+    ) -> Json:
+        """A new Message of `user_id` in `chat_id` (stored in the chat, so replies to
+        it resolve) that nobody receives: a starting point for `push_raw`. `fields`
+        are merged in as given."""
+        chat = self._chat_for_user(chat_id, user_id, None)
+        msg = self._post(chat, self._user(user_id), text=text, fields=copy.deepcopy(fields))
+        return copy.deepcopy(msg)
+
+    async def push_raw(self, bot_user_id: int, update: Json) -> Json:
+        """Queue `update` for one bot exactly as given (its `update_id` is set
+        here): any update kind, any message shape, whatever the bot's
+        allowed_updates say. Returns the queued update."""
+        bot = self.bot(bot_user_id)
+        queued = {**copy.deepcopy(update), "update_id": bot.next_update_id}
+        bot.next_update_id += 1
+        bot.updates.append(queued)
+        bot.pending.append(queued)
+        await self.changed()
+        return queued
+
     # -- inspection and waiting -----------------------------------------------------------
 
     def updates_for(self, token: str) -> list[Json]:
