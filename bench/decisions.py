@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import importlib
 import os
 import random
-import shutil
 import statistics
 import sys
 import time
@@ -32,10 +30,10 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
+from _redis import main_on_redis, verdict
 from redis.asyncio.client import Monitor
 from redis.exceptions import RedisError
 
@@ -46,7 +44,6 @@ from gateway.pipeline import Gateway
 from gateway.store import MemoryStore
 from gateway.store.redis import RedisStore
 
-ROOT = Path(__file__).resolve().parent.parent
 CONCURRENCY = 16
 CHATS = 1000
 PER_CHAT = 5  # messages per ordinary chat per run
@@ -58,7 +55,6 @@ MIN_ROUNDS, MAX_ROUNDS, ROUNDS_BUDGET_S = 3, 5, 40.0
 RTT_CHATS = 250  # chats in each round-trip counting phase
 BOT = "bench"
 OTHER_BOTS = ("alpha-bot", "beta-bot")
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/15"
 
 TARGET_RATIO = 0.6
 TARGET_RTT_DROP = 1.0
@@ -80,10 +76,6 @@ bots:
 """
 
 T = TypeVar("T")
-
-
-class RedisUnavailable(Exception):
-    """No Redis to measure against: the benchmark cannot say anything."""
 
 
 # --------------------------------------------------------------------------
@@ -383,26 +375,6 @@ def commandstats_delta(before: dict[str, Any], after: dict[str, Any]) -> Counter
 # --------------------------------------------------------------------------
 
 
-def redis_server_class() -> Any:
-    """tests/redis_server.py's RedisServer (tests/ is not a package)."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    return importlib.import_module("redis_server").RedisServer
-
-
-async def check_reachable(url: str) -> None:
-    client = aioredis.from_url(url, decode_responses=True, socket_connect_timeout=2)
-    try:
-        await client.ping()
-    except (RedisError, OSError) as exc:
-        raise RedisUnavailable(
-            f"no redis-server binary on PATH to start a private one, and no Redis answers at "
-            f"{url} ({exc}). Install redis-server (e.g. apt-get install redis-server) or set "
-            f"REDIS_URL to a Redis this benchmark may write to."
-        ) from exc
-    finally:
-        await client.aclose()
-
-
 # --------------------------------------------------------------------------
 # Report
 # --------------------------------------------------------------------------
@@ -414,10 +386,6 @@ def median(runs: Sequence[Run]) -> float:
 
 def mix(tally: Counter[str]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(tally.items(), key=lambda kv: -kv[1]))
-
-
-def verdict(ok: bool) -> str:
-    return "PASS" if ok else "MISS"
 
 
 @dataclass
@@ -571,32 +539,12 @@ def report(res: Results) -> str:
     return f"ratio_redis_vs_ping={ratio:.2f} rtt_drop={rtt_drop:.2f} rtt_reply={rtt_reply:.2f}"
 
 
+async def run(url: str, private: bool) -> str:
+    return report(await measure(url, private))
+
+
 def main() -> int:
-    started = time.perf_counter()
-    server = None
-    if shutil.which("redis-server"):
-        try:
-            server = redis_server_class()().start()
-        except RuntimeError as exc:
-            print(f"decisions: cannot start a private redis-server: {exc}", file=sys.stderr)
-            return 2
-        url, private = server.url, True
-    else:
-        url, private = os.environ.get("REDIS_URL", DEFAULT_REDIS_URL), False
-    try:
-        if not private:
-            asyncio.run(check_reachable(url))
-        results = asyncio.run(measure(url, private))
-    except RedisUnavailable as exc:
-        print(f"decisions: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        if server is not None:
-            server.stop()
-    last = report(results)
-    print(f"({time.perf_counter() - started:.1f} s)")
-    print(last)
-    return 0
+    return main_on_redis("decisions", run)
 
 
 if __name__ == "__main__":

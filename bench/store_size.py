@@ -36,20 +36,14 @@ The last line is machine-readable: bytes_per_chat=<n> bytes_per_chat_ctx8=<n>
 from __future__ import annotations
 
 import asyncio
-import importlib
-import os
 import random
-import shutil
 import statistics
 import sys
-import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from _redis import main_on_redis, verdict
 
 from gateway.backends import EchoBackend
 from gateway.config import Config, parse_config
@@ -58,8 +52,6 @@ from gateway.model import Action, Author, ChatKind, ChatRef, Message
 from gateway.pipeline import Gateway
 from gateway.store.redis import RedisStore
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/15"
 CHATS = 1000
 PER_CHAT = 30
 SATURATED_CHATS = 20
@@ -99,10 +91,6 @@ _CHATTER = (
     "I think the bot misread that thanks for the link works for me"
 )
 WORDS = _CHATTER.split()
-
-
-class RedisUnavailable(Exception):
-    """No Redis to measure against: the benchmark cannot say anything."""
 
 
 def snowflake(rng: random.Random) -> str:
@@ -273,30 +261,6 @@ def report(s: Sizes, config: Config) -> None:
         )
 
 
-def verdict(ok: bool) -> str:
-    return "PASS" if ok else "MISS"
-
-
-def redis_server_class() -> Any:
-    """tests/redis_server.py's RedisServer (bench/ runs without the repo root on sys.path)."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    return importlib.import_module("redis_server").RedisServer
-
-
-async def check_reachable(url: str) -> None:
-    client = aioredis.from_url(url, decode_responses=True, socket_connect_timeout=2)
-    try:
-        await client.ping()
-    except (RedisError, OSError) as exc:
-        raise RedisUnavailable(
-            f"no redis-server binary on PATH to start a private one, and no Redis answers at "
-            f"{url} ({exc}). Install redis-server (e.g. apt-get install redis-server) or set "
-            f"REDIS_URL to a Redis this benchmark may write to."
-        ) from exc
-    finally:
-        await client.aclose()
-
-
 async def run(url: str, private: bool) -> str:
     echo, ctx8 = parse_config(ECHO_CONFIG), parse_config(CTX_CONFIG)
     assert (context_size(echo), context_size(ctx8)) == (0, 8)
@@ -326,30 +290,7 @@ async def run(url: str, private: bool) -> str:
 
 
 def main() -> int:
-    started = time.perf_counter()
-    server = None
-    if shutil.which("redis-server"):
-        try:
-            server = redis_server_class()().start()
-        except RuntimeError as exc:
-            print(f"store_size: cannot start a private redis-server: {exc}", file=sys.stderr)
-            return 2
-        url, private = server.url, True
-    else:
-        url, private = os.environ.get("REDIS_URL", DEFAULT_REDIS_URL), False
-    try:
-        if not private:
-            asyncio.run(check_reachable(url))
-        last = asyncio.run(run(url, private))
-    except RedisUnavailable as exc:
-        print(f"store_size: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        if server is not None:
-            server.stop()
-    print(f"({time.perf_counter() - started:.1f} s)")
-    print(last)
-    return 0
+    return main_on_redis("store_size", run)
 
 
 if __name__ == "__main__":
