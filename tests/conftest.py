@@ -20,9 +20,11 @@ from urllib.parse import urlparse
 import pytest
 import redis.asyncio as aioredis
 
+from gateway.outbound import Outbound
 from gateway.store import MemoryStore, Store
 from gateway.store.redis import RedisStore
 from tests.decisions import Decisions, capture
+from tests.fakes.webhook import FakeWebhook
 from tests.redis_server import RedisServer, answers
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/15"
@@ -98,6 +100,19 @@ async def delete_prefix(store: Store, prefix: str) -> None:
 @pytest.fixture
 async def store(stores: StoreFactory) -> Store:
     return (await stores(1))[0]
+
+
+@pytest.fixture
+async def outbound() -> AsyncIterator[Outbound]:
+    out = Outbound()
+    yield out
+    await out.close()
+
+
+@pytest.fixture
+async def hook() -> AsyncIterator[FakeWebhook]:
+    async with FakeWebhook() as fake:
+        yield fake
 
 
 @pytest.fixture

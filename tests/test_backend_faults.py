@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -27,19 +26,6 @@ FAULTS: dict[str, tuple[Answer, str]] = {
     "500": (reply_json({"error": "down"}, 500), "webhook answered HTTP 500"),
     "close": (drop(), "webhook unreachable"),
 }
-
-
-@pytest.fixture
-async def outbound() -> AsyncIterator[Outbound]:
-    out = Outbound()
-    yield out
-    await out.close()
-
-
-@pytest.fixture
-async def hook() -> AsyncIterator[FakeWebhook]:
-    async with FakeWebhook() as fake:
-        yield fake
 
 
 def bot(

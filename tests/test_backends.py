@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -25,19 +24,6 @@ def bot(backend: str, **policy: str) -> BotConfig:
     extra = "".join(f"    {k}: {v}\n" for k, v in policy.items())
     text = f"bots:\n  - name: helper\n    platform: http\n    backend: {backend}\n{extra}"
     return parse_config(text).bots[0]
-
-
-@pytest.fixture
-async def outbound() -> AsyncIterator[Outbound]:
-    out = Outbound()
-    yield out
-    await out.close()
-
-
-@pytest.fixture
-async def hook() -> AsyncIterator[FakeWebhook]:
-    async with FakeWebhook() as fake:
-        yield fake
 
 
 def gw(cfg: BotConfig, store: Store, outbound: Outbound) -> Gateway:

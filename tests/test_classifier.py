@@ -47,13 +47,6 @@ async def llm() -> AsyncIterator[FakeLLM]:
         yield fake
 
 
-@pytest.fixture
-async def outbound() -> AsyncIterator[Outbound]:
-    out = Outbound()
-    yield out
-    await out.close()
-
-
 def gateway(cfg: BotConfig, store: Store, outbound: Outbound) -> Gateway:
     classifier = Classifier(cfg.reply_decision, cfg.name, outbound)
     return Gateway(cfg, store, EchoBackend(), classifier=classifier)
