@@ -178,9 +178,8 @@ class RedactingFilter(logging.Filter):
         except Exception:  # a malformed call: keep its text, never its raw arguments
             record.msg, record.args = scrub(f"{record.msg!s} {record.args!r}"), None
         else:
-            clean = scrub(message)
-            if clean != message:
-                record.msg, record.args = clean, None
+            # kept formatted: the handler's formatter need not format it again
+            record.msg, record.args = scrub(message), None
         if record.exc_info and not record.exc_text:
             record.exc_text = _FORMATTER.formatException(record.exc_info)
         if record.exc_text:
