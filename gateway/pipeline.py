@@ -15,7 +15,7 @@ from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gateway.backends import Backend, context_wanted
+from gateway.backends import Backend, context_wanted, deadline
 from gateway.classifier import Classifier
 from gateway.config import BotConfig
 from gateway.inflight import InFlight
@@ -36,6 +36,11 @@ log = logging.getLogger("botbouncer.decision")
 
 # Something to show while the backend works, e.g. a platform's typing indicator.
 Busy = Callable[[], AbstractAsyncContextManager[object]]
+
+# How long sending a reply may take on top of the classifier's and the
+# backend's deadlines (a platform's rate limiter may queue it): a turn hold
+# lapses after that, so a replica that died mid-answer holds no turn for ever.
+SEND_SECONDS = 60.0
 
 
 def limits_for(bot: BotConfig, kind: ChatKind) -> Limits:
@@ -67,12 +72,15 @@ class _Setup:
     trusted: frozenset[str]
     context: int  # recent messages the classifier and the backend look at
     limits: dict[ChatKind, Limits]
+    hold_ms: int  # how long an answer being written holds its turn
 
 
 def _setup(bot: BotConfig, backend: Backend | None, classifier: Classifier | None) -> _Setup:
     wanted = [context_wanted(bot.backend)]
+    seconds = deadline(bot.backend) + SEND_SECONDS
     if classifier is not None:
         wanted.append(bot.reply_decision.context_messages)
+        seconds += bot.reply_decision.timeout_seconds
     return _Setup(
         bot=bot,
         backend=backend,
@@ -80,6 +88,7 @@ def _setup(bot: BotConfig, backend: Backend | None, classifier: Classifier | Non
         trusted=frozenset(bot.trusted_bots),
         context=max(wanted),
         limits={kind: limits_for(bot, kind) for kind in ChatKind},
+        hold_ms=round(seconds * 1000),
     )
 
 
@@ -164,6 +173,8 @@ class Gateway:
                 limits=s.limits[msg.chat.kind],
                 context=s.context,
                 now_ms=self.now_ms(),
+                # a dry run sends nothing, so it holds no turn
+                hold_ms=0 if self.dry_run else s.hold_ms,
             )
         )
         base = Decision(
@@ -256,6 +267,8 @@ class Gateway:
                 limits=self.limits(ChatKind.GROUP),
                 log=decision.log_entry() if first else None,
                 now_ms=self.now_ms(),
+                # the first message of an answer fills the turn its admit held
+                answered=decision.message_id if first and decision.action is Action.REPLY else "",
             )
         )
 

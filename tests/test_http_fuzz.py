@@ -588,9 +588,11 @@ def test_guard_routes_answer_any_json_without_a_5xx(
 ) -> None:
     path = f"/v1/guard/{quote(session, safe='')}/{op}{query}"
     answer = guard_server.request("POST", path, json.dumps(body))
-    check(answer)
-    if answer.status in (200, 429):
-        assert answer.json()["decision"] in ("allow", "warn", "block")
+    if answer.status in (200, 429):  # 429 is a block: a decision, not an error
+        assert answer.json()["decision"] in (("allow", "warn") if answer.status == 200
+                                             else ("block",)), answer  # fmt: skip
+    else:
+        check(answer)
 
 
 @GUARD_FUZZ

@@ -166,6 +166,41 @@ async def test_two_bots_ping_pong_stops_at_the_soft_limit_with_one_warning(
     assert (status.soft, status.turn) == (21, Turn.THROTTLED)
 
 
+async def test_an_answer_being_written_holds_its_turn_until_sent_or_given_back(
+    stores: StoreFactory,
+) -> None:
+    """soft_limit 2: a bot message that is the chat's 1st bot turn may get one
+    answer. While one bot's backend writes it, a second bot stays silent; an
+    answer that fails, or a dry run, holds nothing once it is decided."""
+    policy = {"bot_messages": "all", "turns": "{soft_limit: 2}"}
+    s1, s2 = await stores(2)
+    held = Held()
+    one = Gateway(bot_config("one", **policy), s1, held)
+    two = Gateway(bot_config("two", **policy), s2, Failing())
+
+    def from_peer(mid: str) -> Message:
+        return Message(id=mid, chat=ROOM, author=Author("peer", is_bot=True), text="hi",
+                       mentions=("one", "two", "dry"))  # fmt: skip
+
+    first = asyncio.create_task(one.handle(from_peer("p1")))
+    await held.called.wait()  # one's answer is being written: it holds the 2nd turn
+    second = await two.handle(from_peer("p1"))
+    assert (second.soft, second.action, second.reason) == (1, Action.DROP,
+                                                           Reason.TURN_THROTTLED)  # fmt: skip
+    held.gate.set()
+    answer = await first
+    assert answer.action is Action.REPLY
+    assert (await one.sent(answer, "one-1", answer.replies[0])).soft == 2
+
+    await one.handle(human("again", mid="h1", mentions=()))  # a person: back to 0
+    failed = await two.handle(from_peer("p2"))  # two's backend fails: its hold goes back
+    assert (failed.soft, failed.reason) == (1, Reason.BACKEND_ERROR)
+    dry = Gateway(bot_config("dry", **policy), s2, dry_run=True)
+    assert (await dry.handle(from_peer("p2"))).action is Action.REPLY  # held nothing
+    late = await one.handle(from_peer("p2"))  # 1 + nothing ahead
+    assert (late.soft, late.action) == (1, Action.REPLY)
+
+
 async def test_the_warning_text_names_the_limit_in_force(store: Store) -> None:
     gw = Gateway(bot_config(turns="{soft_limit: 2, hard_limit: 4}", bot_messages="all"),
                  store, EchoBackend())  # fmt: skip

@@ -106,3 +106,8 @@ def make_backend(cfg: BackendConfig, bot_name: str, outbound: Outbound) -> Backe
 def context_wanted(cfg: BackendConfig) -> int:
     """How many recent messages the backend is given."""
     return 0 if cfg.type == "echo" else cfg.context_messages
+
+
+def deadline(cfg: BackendConfig) -> float:
+    """The longest the backend may take to answer, in seconds."""
+    return 0.0 if cfg.type == "echo" else cfg.timeout_seconds

@@ -115,6 +115,9 @@ class AdmitRequest:
     limits: Limits
     context: int = 0  # recent messages to return when a reply is possible
     now_ms: int | None = None  # injected clock; None = the store's own time
+    # How long a message that goes on may hold its answer's turn (ms): the
+    # slowest the answer can take to be sent. 0 holds none (a dry run).
+    hold_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +143,7 @@ class SentRequest:
     limits: Limits
     log: dict[str, Any] | None = None  # decision entry of the message it answered
     now_ms: int | None = None
+    answered: str = ""  # the message it answers, whose turn hold it fills ("" none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +188,13 @@ class ChatStatus:
 def pair_name(a: str, b: str) -> str:
     x, y = sorted((a, b))
     return f"{x}|{y}"
+
+
+def hold_name(bot: str, message_id: str = "") -> str:
+    """A turn hold: `bot` will answer `message_id`. The bot is length-prefixed,
+    so no id can pass for another's; with no message id, the prefix every hold
+    of the bot starts with. Both stores file holds under these names."""
+    return f"{len(bot)}:{bot}|{message_id}"
 
 
 class Store(Protocol):

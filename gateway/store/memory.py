@@ -25,6 +25,7 @@ from gateway.store.base import (
     Overrides,
     SentRequest,
     SentResult,
+    hold_name,
     pair_name,
 )
 from gateway.turns import Count, verdict
@@ -51,6 +52,7 @@ class _Chat:
     windows: dict[str, list[int]] = field(default_factory=dict)
     cooldowns: dict[str, int] = field(default_factory=dict)
     rate: dict[str, dict[str, int]] = field(default_factory=dict)
+    holds: dict[str, int] = field(default_factory=dict)  # hold_name -> when it lapses
     context: deque[ContextEntry] = field(default_factory=deque)
     log: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=DECISION_LOG_SIZE))
     state_expires: int = 0
@@ -106,6 +108,7 @@ class MemoryStore:
             fresh.paused, fresh.overrides = chat.paused, chat.overrides
             fresh.settings_expires, fresh.rate = chat.settings_expires, chat.rate
             fresh.windows, fresh.cooldowns = chat.windows, chat.cooldowns
+            fresh.holds = chat.holds
             chat.__dict__.update(fresh.__dict__)
         if chat.settings_expires and chat.settings_expires <= now:
             chat.paused, chat.overrides, chat.settings_expires = False, Overrides(), 0
@@ -122,7 +125,8 @@ class MemoryStore:
         pairs_gone = all(t <= now for t in chat.cooldowns.values()) and all(
             not w or w[-1] <= now - 3_600_000 for w in chat.windows.values()
         )
-        return state_gone and settings_gone and rate_gone and pairs_gone
+        holds_gone = all(t <= now for t in chat.holds.values())
+        return state_gone and settings_gone and rate_gone and pairs_gone and holds_gone
 
     def _remember(
         self, chat: _Chat, msg_id: str, rec: tuple[str, int, int], bot: str | None
@@ -141,15 +145,24 @@ class MemoryStore:
     # -- the counting half, shared by admit and record_sent ---------------
 
     def _count(
-        self, chat: _Chat, obs: Observed, limits: Limits, now: int, bot: str | None
+        self,
+        chat: _Chat,
+        obs: Observed,
+        limits: Limits,
+        now: int,
+        bot: str | None,
+        answered: str | None,
     ) -> tuple[str, int, int]:
-        """Count once per id; `bot` (if any) is marked as having handled it."""
+        """Count once per id; `bot` (if any) is marked as having handled it.
+        A new bot turn fills a hold: `answered` ("" unknown, None none)."""
         seen = chat.ids.get(obs.message_id)
         if seen is not None:
             if bot is not None:
                 seen[1].add(bot)
             return seen[0]
         if obs.count is Count.BOT:
+            if answered is not None:
+                self._fill_hold(chat, obs.author, answered)
             chat.exists = True
             chat.soft += 1
             chat.hard += 1
@@ -176,6 +189,21 @@ class MemoryStore:
                 chat.context.popleft()
         self._touch_state(chat, now)
         return rec
+
+    @staticmethod
+    def _fill_hold(chat: _Chat, author: str, answered: str) -> None:
+        """The hold for the answered message, else the author's oldest (its
+        reply was observed by another bot before it was reported sent)."""
+        if answered and chat.holds.pop(answered, None) is not None:
+            return
+        prefix = hold_name(author)
+        mine = [(t, h) for h, t in chat.holds.items() if h.startswith(prefix)]
+        if mine:
+            del chat.holds[min(mine)[1]]
+
+    @staticmethod
+    def _holds_ahead(chat: _Chat, now: int) -> int:
+        return sum(1 for t in chat.holds.values() if t > now)
 
     def _exchange(self, chat: _Chat, pair: str, limits: Limits, now: int) -> None:
         window = [t for t in chat.windows.get(pair, ()) if t > now - limits.pair_window_ms]
@@ -221,7 +249,7 @@ class MemoryStore:
         if seen is not None and req.bot in seen[1]:
             # counted nothing now: the chat's counters as they are
             return result(Action.DROP, Reason.DUPLICATE, Turn.NONE, chat.soft, chat.hard)
-        rec = self._count(chat, obs, limits, now, req.bot)
+        rec = self._count(chat, obs, limits, now, req.bot, "")
         _, soft, hard = rec
         turn = self._turn(rec, limits)
         self._touch_settings(chat, now)
@@ -247,6 +275,12 @@ class MemoryStore:
                 return result(Action.DROP, LATE_TURN_REASONS[now_turn], turn, soft, hard)
         if req.author_is_bot and chat.cooldowns.get(pair_name(obs.author, req.bot), 0) > now:
             return result(Action.DROP, Reason.PAIR_COOLDOWN, turn, soft, hard)
+        if rec[0] == "b":  # answers other bots are writing come first
+            ahead = self._holds_ahead(chat, now)
+            then_turn = verdict(chat.soft + ahead, chat.hard + ahead, limits.soft_limit,
+                                limits.hard_limit)  # fmt: skip
+            if then_turn is not Turn.OK:
+                return result(Action.DROP, LATE_TURN_REASONS[then_turn], turn, soft, hard)
         reserved = False
         if limits.rate_applies:
             window = chat.rate.setdefault(req.bot, {})
@@ -256,6 +290,9 @@ class MemoryStore:
                 return result(Action.DROP, Reason.RATE_CAPPED, turn, soft, hard)
             window[obs.message_id] = now
             reserved = True
+        if req.hold_ms > 0:
+            chat.holds = {h: t for h, t in chat.holds.items() if t > now}
+            chat.holds[hold_name(req.bot, obs.message_id)] = now + req.hold_ms
         context = [e for e in chat.context if e.id != obs.message_id][-req.context :]
         return result(
             None,
@@ -271,7 +308,8 @@ class MemoryStore:
         now = self._now(req.now_ms)
         chat = self._chat(req.msg.chat, now)
         limits = chat.overrides.apply(req.limits)
-        rec = self._count(chat, req.msg, limits, now, None)
+        answered = hold_name(req.bot, req.answered) if req.answered else None
+        rec = self._count(chat, req.msg, limits, now, None, answered)
         if req.log is not None:
             chat.log.appendleft(req.log)
         return SentResult(self._turn(rec, limits), rec[1], rec[2])
@@ -281,6 +319,7 @@ class MemoryStore:
     ) -> None:
         state = self._chat(chat, None)
         state.rate.get(bot, {}).pop(message_id, None)
+        state.holds.pop(hold_name(bot, message_id), None)
         if log is not None:
             state.log.appendleft(log)
 

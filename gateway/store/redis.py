@@ -35,6 +35,7 @@ from gateway.store.base import (
     SentRequest,
     SentResult,
     StoreError,
+    hold_name,
 )
 from gateway.store.batching import AutoPipeline
 from gateway.store.memory import DEDUPE_ENTRIES
@@ -55,7 +56,7 @@ def _tag(chat: str) -> str:
 class ChatKeys:
     """Every Redis key of one chat; the `{…}` hash tag keeps them on one slot."""
 
-    __slots__ = ("base", "cfg", "ctx", "idq", "ids", "log", "pairs", "state")
+    __slots__ = ("base", "cfg", "ctx", "holds", "idq", "ids", "log", "pairs", "state")
 
     def __init__(self, prefix: str, chat: str) -> None:
         self.base = f"{prefix}:{{{_tag(chat)}}}"
@@ -66,6 +67,7 @@ class ChatKeys:
         self.pairs = f"{self.base}:pr"
         self.ctx = f"{self.base}:ctx"
         self.log = f"{self.base}:log"
+        self.holds = f"{self.base}:ho"
 
     def rate(self, bot: str) -> str:
         return f"{self.base}:r:{bot}"
@@ -80,6 +82,7 @@ class ChatKeys:
             self.ctx,
             self.log,
             self.rate(bot),
+            self.holds,
         ]
 
 
@@ -182,14 +185,15 @@ class RedisStore:
         return [
             "" if req.now_ms is None else req.now_ms,
             obs.message_id, obs.author, obs.name or obs.author, COUNT_CODES[kind],
-            obs.text[:CONTEXT_TEXT_CHARS], bot, self._policy(req.limits),
+            obs.text[:CONTEXT_TEXT_CHARS], bot, self._policy(req.limits), hold_name(obs.author),
         ]  # fmt: skip
 
     async def admit(self, req: AdmitRequest) -> AdmitResult:
         keys = self.keys(req.msg.chat)
         args = self._args(req, req.msg.count, req.bot)
         args += [req.local_reason.value if req.local_reason else "",
-                 1 if req.author_is_bot else 0, req.context]  # fmt: skip
+                 1 if req.author_is_bot else 0, req.context,
+                 hold_name(req.bot, req.msg.message_id), req.hold_ms]  # fmt: skip
         try:
             out = await self._run(self._admit, keys.common(req.bot), args)
         except RedisError as exc:
@@ -232,6 +236,7 @@ class RedisStore:
         keys = self.keys(req.msg.chat)
         args = self._args(req, req.msg.count, req.bot)
         args.append("" if req.log is None else json.dumps(req.log))
+        args.append(hold_name(req.bot, req.answered) if req.answered else "")
         try:
             turn, soft, hard = await self._run(self._sent, keys.common(req.bot), args)
         except RedisError as exc:
@@ -243,9 +248,10 @@ class RedisStore:
     ) -> None:
         keys = self.keys(chat)
         args: list[str | int] = [message_id, "" if log is None else json.dumps(log),
-                                 DECISION_LOG_SIZE, self._state_ttl]  # fmt: skip
+                                 DECISION_LOG_SIZE, self._state_ttl,
+                                 hold_name(bot, message_id)]  # fmt: skip
         try:
-            await self._run(self._release, [keys.rate(bot), keys.log], args)
+            await self._run(self._release, [keys.rate(bot), keys.log, keys.holds], args)
         except RedisError as exc:
             raise StoreError(f"redis release failed: {exc}") from exc
 

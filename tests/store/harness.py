@@ -47,6 +47,7 @@ class Chat:
         text: str = "hello",
         context: int = 0,
         tick: float = 1.0,
+        hold_ms: int = 0,
     ) -> AdmitResult:
         """`bot` admits a message by `author`; own messages are flagged as the pipeline would."""
         self.tick(tick)
@@ -62,6 +63,7 @@ class Chat:
                 limits=self.limits,
                 context=context,
                 now_ms=self.now_ms,
+                hold_ms=hold_ms,
             )
         )
 
@@ -70,10 +72,10 @@ class Chat:
         return await self.admit(author, count=count, author_is_bot=False, text=text, **kw)
 
     async def sent(
-        self, bot: str, *, mid: str | None = None, count: Count = Count.BOT
+        self, bot: str, *, mid: str | None = None, count: Count = Count.BOT, answered: str = ""
     ) -> SentResult:
+        """`bot` sent a message; as the answer to `answered` it fills that turn hold."""
         self.tick()
         obs = Observed(self.chat, mid or self.next_id(), bot, bot, count, "reply")
-        return await self.store.record_sent(
-            SentRequest(msg=obs, bot=bot, limits=self.limits, now_ms=self.now_ms)
-        )
+        req = SentRequest(obs, bot, self.limits, now_ms=self.now_ms, answered=answered)
+        return await self.store.record_sent(req)

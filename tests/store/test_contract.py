@@ -229,6 +229,112 @@ async def test_a_human_message_in_an_unknown_chat_creates_no_counters(store: Sto
     assert (status.soft, status.hard, status.turn) == (0, 0, Turn.OK)
 
 
+# -- turn holds: an answer being written already counts for bot messages ----------
+
+HOLD = 30_000
+
+
+async def test_two_bots_answering_one_bot_message_at_once_give_one_answer_at_the_limit(
+    stores: StoreFactory,
+) -> None:
+    """A's message is the chat's 2nd bot turn (soft limit 3): one answer may
+    follow it, the 3rd. B and C both admit it while neither has sent yet: the
+    first holds that turn, so the second would be the 4th and is dropped."""
+    by_b, by_c = (Chat(h, limits=SMALL) for h in await stores(2))
+    await by_b.sent("A")  # 1
+    first = await by_b.admit("A", bot="B", mid="a2", hold_ms=HOLD)  # 2
+    assert (first.turn, first.soft, first.action) == (Turn.OK, 2, None)
+    by_c.now_ms = by_b.now_ms
+    second = await by_c.admit("A", bot="C", mid="a2", hold_ms=HOLD)
+    assert (second.turn, second.soft) == (Turn.OK, 2)  # the message's own count
+    assert (second.action, second.reason) == (Action.DROP, Reason.TURN_THROTTLED)
+    assert not second.reserved  # and it keeps no rate slot either
+    answer = await by_b.sent("B", answered="a2")  # B's answer fills its hold
+    assert (answer.turn, answer.soft) == (Turn.SOFT_LIMIT, 3)
+    log = await by_b.store.decisions(by_b.chat)
+    assert (log[0]["id"], log[0]["reason"]) == ("a2", "turn_throttled")
+
+
+async def test_a_filled_or_released_hold_no_longer_counts(stores: StoreFactory) -> None:
+    by_b, by_c = (Chat(h, limits=SMALL) for h in await stores(2))
+    await by_b.admit("A", bot="B", mid="a1", hold_ms=HOLD)  # 1, B holds the 2nd
+    await by_b.sent("B", mid="r1", answered="a1")  # 2: the hold is filled
+    by_c.now_ms = by_b.now_ms
+    res = await by_c.admit("B", bot="C", mid="r1", hold_ms=HOLD)  # 2, nothing ahead
+    assert (res.soft, res.action) == (2, None)
+    await by_c.human()  # 0; C's hold on r1 stands
+    await by_c.store.release(by_c.chat, "C", "r1", None)  # C sent nothing after all
+    by_b.now_ms = by_c.now_ms
+    await by_b.admit("A", bot="B", mid="a3", hold_ms=HOLD)  # 1, B holds
+    by_c.now_ms = by_b.now_ms
+    both = await by_c.admit("A", bot="C", mid="a3", hold_ms=HOLD)  # 1 + 1 ahead: ok
+    assert (both.soft, both.action) == (1, None)
+    third = await by_c.admit("A", bot="D", mid="a3", hold_ms=HOLD)  # 1 + 2 ahead: 3
+    assert (third.action, third.reason) == (Action.DROP, Reason.TURN_THROTTLED)
+    await by_b.store.release(by_b.chat, "B", "a3", None)  # B's backend failed
+    fourth = await by_c.admit("A", bot="E", mid="a3", hold_ms=HOLD)  # 1 + 1 ahead: ok
+    assert (fourth.soft, fourth.action) == (1, None)
+
+
+async def test_an_answer_fills_the_hold_of_the_message_it_answers(store: Store) -> None:
+    chat = Chat(store, limits=Limits(soft_limit=5, hard_limit=9))
+    await chat.admit("A", bot="B", mid="a1", hold_ms=HOLD)  # 1, B holds (the older)
+    await chat.admit("A", bot="B", mid="a2", hold_ms=HOLD)  # 2, B holds again
+    await chat.sent("B", answered="a2")  # 3: fills a2's hold, not a1's
+    await store.release(chat.chat, "B", "a1", None)  # a1 got no answer: nothing held
+    res = await chat.admit("A", bot="C", hold_ms=HOLD)  # 4, and 5 with a hold left
+    assert (res.soft, res.turn, res.action) == (4, Turn.OK, None)
+
+
+async def test_a_person_is_answered_whatever_is_held(store: Store) -> None:
+    chat = Chat(store, limits=SMALL)
+    for bot in ("B", "C", "D", "E"):
+        held = await chat.human(bot=bot, mid="h1", hold_ms=HOLD)
+        assert (held.action, held.reason) == (None, None), bot
+    assert (await chat.human(bot="F", hold_ms=HOLD)).action is None
+    bot_msg = await chat.admit("A", bot="B", hold_ms=HOLD)  # 1 + 5 answers ahead
+    assert (bot_msg.action, bot_msg.reason) == (Action.DROP, Reason.TURN_STOPPED)
+
+
+async def test_a_hold_lapses_after_its_time(store: Store) -> None:
+    chat = Chat(store, limits=SMALL)
+    await chat.admit("A", bot="B", mid="a1", hold_ms=HOLD)  # 1, B holds
+    await chat.admit("A", bot="C", mid="a2", hold_ms=HOLD)  # 2, C holds
+    assert (await chat.admit("A", bot="D", hold_ms=HOLD)).action is not None  # 3 + 2
+    await chat.human()
+    chat.tick(HOLD / 1000)  # B's and C's answers never came: their holds lapse
+    res = await chat.admit("A", bot="D", mid="a4", hold_ms=HOLD)
+    assert (res.soft, res.action, res.reason) == (1, None, None)
+
+
+async def test_a_dry_run_holds_nothing(store: Store) -> None:
+    chat = Chat(store, limits=SMALL)
+    await chat.admit("A", bot="B", mid="a1")  # 1, no hold
+    await chat.admit("A", bot="C", mid="a2")  # 2, no hold
+    res = await chat.admit("A", bot="D", mid="a2")  # as counted: 2, nothing ahead
+    assert (res.soft, res.action) == (2, None)
+
+
+async def test_an_answer_seen_before_it_is_reported_sent_fills_its_hold_once(
+    stores: StoreFactory,
+) -> None:
+    """On Discord another bot may see B's answer before B's daemon records it
+    as sent: counting it then fills B's hold, so it is not counted twice."""
+    limits = Limits(soft_limit=5, hard_limit=9)
+    by_b, by_c = (Chat(h, limits=limits) for h in await stores(2))
+    await by_b.admit("A", bot="B", mid="a1", hold_ms=HOLD)  # 1, B holds
+    by_c.now_ms = by_b.now_ms
+    seen = await by_c.admit("B", bot="C", mid="r1", hold_ms=HOLD)  # B's answer: 2
+    assert (seen.soft, seen.action) == (2, None)  # B's hold filled; C holds now
+    again = await by_b.sent("B", mid="r1", answered="a1")  # reported sent only now
+    assert again.soft == 2
+    by_c.now_ms = by_b.now_ms
+    res = await by_c.admit("A", bot="D", mid="a3", hold_ms=HOLD)  # 3 + C's 1 ahead = 4
+    assert (res.soft, res.action) == (3, None)  # B's answer is not ahead a second time
+    res = await by_c.admit("A", bot="E", mid="a3", hold_ms=HOLD)  # 3 + C's, D's = 5
+    assert (res.action, res.reason) == (Action.DROP, Reason.TURN_THROTTLED)
+
+
 # -- §3.2 pair loop protection -------------------------------------------------
 
 PAIRS = Limits(soft_limit=1000, hard_limit=2000, max_replies=1000, pair_max_events=3,

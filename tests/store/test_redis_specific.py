@@ -30,7 +30,8 @@ async def workload(store: RedisStore, chat_key: str) -> None:
     chat = Chat(store, chat=chat_key, limits=PAIRS)
     for i in range(6):
         await chat.admit("A" if i % 2 == 0 else "B", context=3)
-    await chat.human(context=3)
+    await chat.human(context=3, hold_ms=60_000)  # B holds the turn of its answer
+    await chat.admit("A", mid="pending", hold_ms=60_000)  # ...and of another
     await chat.sent("B")
     await store.release(chat_key, "B", "nope", {"id": "nope"})
     await store.set_paused(chat_key, True)
@@ -41,7 +42,7 @@ async def test_every_key_has_a_ttl(rstore: RedisStore, key_prefix: str) -> None:
     await workload(rstore, "test:ttl")
     keys = [k async for k in rstore.client.scan_iter(match=f"{key_prefix}:*")]
     assert {k.rsplit(":", 1)[-1] for k in keys} >= {"st", "cfg", "ids", "idq", "pr", "ctx",
-                                                    "log", "B"}  # fmt: skip
+                                                    "log", "B", "ho"}  # fmt: skip
     for key in keys:
         assert await rstore.client.pttl(key) > 0, key
 
@@ -50,7 +51,7 @@ async def test_all_keys_of_a_chat_share_one_cluster_slot(rstore: RedisStore,
                                                          key_prefix: str) -> None:  # fmt: skip
     await workload(rstore, "tg:-1001:7")
     keys = [k async for k in rstore.client.scan_iter(match=f"{key_prefix}:*")]
-    assert len(keys) >= 8
+    assert len(keys) >= 9
     assert len({key_slot(k.encode()) for k in keys}) == 1
 
 

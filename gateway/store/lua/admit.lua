@@ -1,9 +1,11 @@
 -- admit: one atomic decision for one inbound message (prepended: common.lua).
--- ARGV (after the common 8): 9 local reason ("" none)  10 author is a bot (1|0)
---   11 context messages to return when a reply is possible
+-- ARGV (after the common 9): 10 local reason ("" none)  11 author is a bot (1|0)
+--   12 context messages to return when a reply is possible
+--   13 this bot's hold on the message (hold_name)  14 how long it holds, ms (0: none)
 -- Returns {turn, soft, hard, action, reason, warn, soft_limit, hard_limit,
 --          max_replies, rate_window_ms, reserved, now, context json...}
-local LOCAL, AUTHOR_IS_BOT, WANT_CTX = ARGV[9], ARGV[10] == '1', tonumber(ARGV[11])
+local LOCAL, AUTHOR_IS_BOT, WANT_CTX = ARGV[10], ARGV[11] == '1', tonumber(ARGV[12])
+local HOLD, HOLD_MS = ARGV[13], tonumber(ARGV[14])
 
 local TURN_REASON = {soft_limit = 'turn_soft_limit', throttled = 'turn_throttled',
   hard_limit = 'turn_hard_limit', stopped = 'turn_stopped'}
@@ -30,7 +32,7 @@ if seen and handled_by(seen) then
   return finish('drop', 'duplicate', 'none', tonumber(c[1] or '0'), tonumber(c[2] or '0'), '', 0)
 end
 if seen then redis.call('HSET', K_IDS, MSG_ID, seen .. MARK) end
-local kind, soft, hard = count(seen, MARK)
+local kind, soft, hard = count(seen, MARK, '')
 local turn = turn_of(kind, soft, hard)
 
 if LOCAL == 'own_message' or LOCAL == 'system_message' then
@@ -62,6 +64,17 @@ if AUTHOR_IS_BOT then
     return finish('drop', 'pair_cooldown', turn, soft, hard, '', 0)
   end
 end
+if kind == 'b' then
+  -- answers other bots are writing will be turns before this bot's answer
+  local ahead = holds_ahead()
+  if ahead > 0 then
+    local c = redis.call('HMGET', K_STATE, 'soft', 'hard')
+    local then_turn = verdict(tonumber(c[1] or '0') + ahead, tonumber(c[2] or '0') + ahead)
+    if then_turn ~= 'ok' then
+      return finish('drop', LATE_REASON[then_turn], turn, soft, hard, '', 0)
+    end
+  end
+end
 local reserved = 0
 if L.rate_applies then
   redis.call('ZREMRANGEBYSCORE', K_RATE, '-inf', now - L.rate_window)
@@ -71,6 +84,11 @@ if L.rate_applies then
   redis.call('ZADD', K_RATE, now, MSG_ID)
   redis.call('PEXPIRE', K_RATE, L.rate_window)
   reserved = 1
+end
+if HOLD_MS > 0 then
+  redis.call('ZREMRANGEBYSCORE', K_HOLDS, '-inf', now)
+  redis.call('ZADD', K_HOLDS, now + HOLD_MS, HOLD)
+  if redis.call('PTTL', K_HOLDS) < HOLD_MS then redis.call('PEXPIRE', K_HOLDS, HOLD_MS) end
 end
 local ctx = {}
 if WANT_CTX > 0 then ctx = redis.call('LRANGE', K_CTX, 0, WANT_CTX) end

@@ -1,14 +1,16 @@
 -- Shared by admit.lua and sent.lua (the store prepends this file to each).
 -- KEYS: 1 state  2 settings  3 ids  4 id order  5 pairs  6 context  7 log  8 rate(bot)
+--       9 turn holds
 -- ARGV: 1 now_ms ("" = server TIME)  2 message id  3 author  4 author name
 --       5 count kind (b|r|n)  6 text  7 this bot
 --       8 the policy, space-separated integers (constant per bot and chat kind, so
 --         the client sends one argument instead of thirteen): soft_limit hard_limit
 --         max_replies rate_window_ms rate_applies(1|0) pair_max_events pair_window_ms
 --         pair_cooldown_ms state_ttl_ms settings_ttl_ms context_size dedupe_entries log_size
+--       9 the prefix of the author's turn holds (base.hold_name)
 -- Times are integer milliseconds, as in the memory store.
-local K_STATE, K_CFG, K_IDS, K_IDQ, K_PAIRS, K_CTX, K_LOG, K_RATE =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local K_STATE, K_CFG, K_IDS, K_IDQ, K_PAIRS, K_CTX, K_LOG, K_RATE, K_HOLDS =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 
 local now
 if ARGV[1] == '' then
@@ -18,6 +20,7 @@ else
   now = tonumber(ARGV[1])
 end
 local MSG_ID, AUTHOR, NAME, KIND, TEXT, BOT = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local AUTHOR_HOLDS = ARGV[9]
 local P = {}
 for v in string.gmatch(ARGV[8], '%d+') do P[#P + 1] = tonumber(v) end
 local STATE_TTL, SETTINGS_TTL = P[9], P[10]
@@ -104,13 +107,35 @@ local function exchange(pair)
   redis.call('PEXPIRE', K_PAIRS, math.max(L.pair_window, L.pair_cooldown) + 1000)
 end
 
+-- Turn holds: a sorted set of "this bot will answer that message" (hold_name),
+-- scored by when the hold lapses. A bot message sees the chat as it will be once
+-- every held answer is sent.
+local function holds_ahead()
+  return redis.call('ZCOUNT', K_HOLDS, '(' .. now, '+inf')
+end
+
+-- A new bot turn fills one hold of its author: the hold for the message it
+-- answers when that is known (`answered`, from sent), else the author's oldest
+-- (its reply was observed by another bot before it was reported sent).
+local function fill_hold(answered)
+  if answered ~= '' and redis.call('ZREM', K_HOLDS, answered) == 1 then return end
+  for _, h in ipairs(redis.call('ZRANGE', K_HOLDS, 0, -1)) do
+    if string.sub(h, 1, #AUTHOR_HOLDS) == AUTHOR_HOLDS then
+      redis.call('ZREM', K_HOLDS, h)
+      return
+    end
+  end
+end
+
 -- Count a message once per id: bot turn, reset, or nothing. `seen` is its
--- dedupe record if it has one; `mark` is appended to a new record ("" or "bot|").
+-- dedupe record if it has one; `mark` is appended to a new record ("" or "bot|");
+-- `answered` is the hold a new bot turn fills ("" none known, nil none at all).
 -- Returns kind, soft, hard.
-local function count(seen, mark)
+local function count(seen, mark, answered)
   if seen then return split_record(seen) end
   local soft, hard = 0, 0
   if KIND == 'b' then
+    if answered then fill_hold(answered) end
     local st = redis.call('HMGET', K_STATE, 'soft', 'hard', 'epoch', 'last')
     soft, hard = (tonumber(st[1]) or 0) + 1, (tonumber(st[2]) or 0) + 1
     local last = st[4]

@@ -1,6 +1,9 @@
--- release: give back a rate-cap slot that sent nothing, and log why.
--- KEYS: 1 rate(bot)  2 log      ARGV: 1 message id  2 log entry ("" none)  3 log size  4 ttl_ms
+-- release: give back a rate-cap slot and the turn hold of an answer that sent
+-- nothing, and log why.
+-- KEYS: 1 rate(bot)  2 log  3 turn holds
+-- ARGV: 1 message id  2 log entry ("" none)  3 log size  4 ttl_ms  5 the hold (hold_name)
 redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[5])
 if ARGV[2] ~= '' then
   redis.call('LPUSH', KEYS[2], ARGV[2])
   redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[3]) - 1)
