@@ -15,7 +15,6 @@ answered in platform-sized pieces and only a prefix of it is kept as context.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -29,6 +28,7 @@ from discord.http import Route
 from adapters.common import utf16_len
 from gateway.daemon import Daemon
 from gateway.store.base import CONTEXT_TEXT_CHARS
+from gateway.store.redis import unpack_context
 from tests.daemons import redis_of, running
 from tests.decisions import Decisions
 from tests.fakes.discord import (
@@ -71,7 +71,7 @@ async def context_texts(d: Daemon, chat: str) -> list[str]:
     """The texts of the chat's recent context, as stored in Redis, newest first."""
     store = redis_of(d)
     raw = await store.client.lrange(store.keys(chat).ctx, 0, -1)
-    return [str(json.loads(entry)["text"]) for entry in raw]
+    return [unpack_context(entry).text for entry in raw]
 
 
 # ==========================================================================

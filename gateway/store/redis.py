@@ -43,6 +43,35 @@ from gateway.turns import Count, verdict
 
 _OVERRIDE_FIELDS = ("soft_limit", "hard_limit", "max_replies", "rate_window_ms")
 
+# A decision log entry is kept in Redis as a JSON array of these, in this
+# order (`at` in integer milliseconds): about half the bytes of the object
+# with its key names. admit.lua writes the same array.
+LOG_FIELDS = ("at", "bot", "id", "author", "action", "reason", "turn", "soft", "hard")
+
+
+def pack_log(entry: dict[str, Any]) -> str:
+    if entry.keys() != set(LOG_FIELDS):  # not a Decision's entry: kept as given
+        return json.dumps(entry, separators=(",", ":"), ensure_ascii=False)
+    values = [entry[f] for f in LOG_FIELDS]
+    values[0] = round(values[0] * 1000)
+    return json.dumps(values, separators=(",", ":"), ensure_ascii=False)
+
+
+def unpack_log(raw: str | bytes) -> dict[str, Any]:
+    value = json.loads(raw)
+    if isinstance(value, dict):  # not a Decision's, or written before LOG_FIELDS
+        return value
+    entry = dict(zip(LOG_FIELDS, value, strict=True))
+    entry["at"] = entry["at"] / 1000
+    return entry
+
+
+def unpack_context(raw: str | bytes) -> ContextEntry:
+    v = json.loads(raw)
+    if isinstance(v, dict):  # written by a version before the positional form
+        v = [v["id"], v["author"], v["name"], v["bot"], v["text"]]
+    return ContextEntry(str(v[0]), str(v[1]), str(v[2]), bool(v[3]), str(v[4]))
+
 
 def _lua(name: str) -> str:
     return (resources.files("gateway.store") / "lua" / name).read_text(encoding="utf-8")
@@ -211,14 +240,8 @@ class RedisStore:
         )
         context: list[ContextEntry] = []
         if req.context > 0 and len(out) > 12:
-            entries = [json.loads(raw) for raw in reversed(out[12:])]
-            context = [
-                ContextEntry(
-                    str(e["id"]), str(e["author"]), str(e["name"]), bool(e["bot"]), str(e["text"])
-                )
-                for e in entries
-                if e["id"] != req.msg.message_id
-            ][-req.context :]
+            entries = [unpack_context(raw) for raw in reversed(out[12:])]
+            context = [e for e in entries if e.id != req.msg.message_id][-req.context :]
         return AdmitResult(
             turn=Turn(turn),
             soft=int(soft),
@@ -235,7 +258,7 @@ class RedisStore:
     async def record_sent(self, req: SentRequest) -> SentResult:
         keys = self.keys(req.msg.chat)
         args = self._args(req, req.msg.count, req.bot)
-        args.append("" if req.log is None else json.dumps(req.log))
+        args.append("" if req.log is None else pack_log(req.log))
         args.append(hold_name(req.bot, req.answered) if req.answered else "")
         try:
             turn, soft, hard = await self._run(self._sent, keys.common(req.bot), args)
@@ -247,7 +270,7 @@ class RedisStore:
         self, chat: str, bot: str, message_id: str, log: dict[str, Any] | None
     ) -> None:
         keys = self.keys(chat)
-        args: list[str | int] = [message_id, "" if log is None else json.dumps(log),
+        args: list[str | int] = [message_id, "" if log is None else pack_log(log),
                                  DECISION_LOG_SIZE, self._state_ttl,
                                  hold_name(bot, message_id)]  # fmt: skip
         try:
@@ -327,7 +350,7 @@ class RedisStore:
             raw = await self.client.lrange(self.keys(chat).log, 0, limit - 1)
         except RedisError as exc:
             raise StoreError(f"redis decisions failed: {exc}") from exc
-        return [json.loads(r) for r in raw]
+        return [unpack_log(r) for r in raw]
 
     async def ping(self) -> None:
         try:

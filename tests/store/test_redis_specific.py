@@ -3,6 +3,7 @@ surviving a script flush."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 
 import pytest
@@ -103,3 +104,23 @@ async def test_decision_log_entries_are_json_with_every_field(rstore: RedisStore
     (entry,) = await rstore.decisions(chat.chat)
     assert entry["action"] == Action.DROP.value and entry["reason"] == "not_addressed"
     assert entry["turn"] == "reset" and entry["bot"] == "B"
+    raw = await rstore.client.lindex(rstore.keys(chat.chat).log, 0)
+    assert raw.startswith("[") and '"action"' not in raw  # positional: no key names
+
+
+async def test_log_and_context_written_before_the_compact_form_are_still_read(
+    rstore: RedisStore,
+) -> None:
+    """An upgrade meets entries an older version wrote as JSON objects."""
+    chat = Chat(rstore)
+    keys = rstore.keys(chat.chat)
+    old = {"at": 12.5, "bot": "B", "id": "m0", "author": "al", "action": "drop",
+           "reason": "not_addressed", "turn": "reset", "soft": 0, "hard": 0}  # fmt: skip
+    await rstore.client.lpush(keys.log, json.dumps(old))
+    await rstore.client.lpush(keys.ctx, json.dumps(
+        {"id": "m0", "author": "al", "name": "Al", "bot": False, "text": "hi"}))  # fmt: skip
+    res = await chat.human(context=3)
+    assert [(e.id, e.name, e.text) for e in res.context] == [("m0", "Al", "hi")]
+    new = {**old, "at": res.at_ms / 1000, "id": "m1", "reason": "classifier_skip"}
+    await rstore.release(chat.chat, "B", "m1", new)
+    assert await rstore.decisions(chat.chat) == [new, old]

@@ -15,9 +15,9 @@ local LATE_REASON = {soft_limit = 'turn_throttled', throttled = 'turn_throttled'
 
 local function finish(action, reason, turn, soft, hard, warn, reserved, ctx)
   if action ~= '' then
-    push_log(cjson.encode({at = now / 1000, bot = BOT, id = MSG_ID, author = AUTHOR,
-      action = action, reason = reason == '' and cjson.null or reason, turn = turn,
-      soft = soft, hard = hard}))
+    -- positional, as RedisStore packs and reads log entries (LOG_FIELDS)
+    push_log(cjson.encode({now, BOT, MSG_ID, AUTHOR, action,
+      reason == '' and cjson.null or reason, turn, soft, hard}))
   end
   local out = {turn, soft, hard, action, reason, warn, L.soft, L.hard, L.max_replies,
     L.rate_window, reserved, now}

@@ -155,8 +155,8 @@ local function count(seen, mark, answered)
   end
   new_record(KIND .. ' ' .. soft .. ' ' .. hard .. '|' .. mark)
   if KIND ~= 'n' and CTX_SIZE > 0 then
-    redis.call('LPUSH', K_CTX, cjson.encode({id = MSG_ID, author = AUTHOR, name = NAME,
-      bot = KIND == 'b', text = TEXT}))
+    -- positional: id, author, name, bot, text (RedisStore reads it)
+    redis.call('LPUSH', K_CTX, cjson.encode({MSG_ID, AUTHOR, NAME, KIND == 'b', TEXT}))
     redis.call('LTRIM', K_CTX, 0, CTX_SIZE)
     redis.call('PEXPIRE', K_CTX, STATE_TTL)
   end
