@@ -8,7 +8,8 @@ the daemon's own server (`/v1/webhooks/<bot name>`), each checked against
 its own messages, so every message this bot sends is counted when sent, under
 the id Telegram returns; another bot that receives it in bot-to-bot mode
 counts the same id, once. Sends go through PTB's AIORateLimiter (Telegram's
-flood limits); a 429 is retried there, since it delivered nothing.
+flood limits, `telegram.rate_limit`); a 429 is retried there, since it
+delivered nothing.
 """
 
 from __future__ import annotations
@@ -213,7 +214,13 @@ class TelegramAdapter:
             .token(bot.token.get_secret_value())
             .base_url(f"{self.api}/bot")
             .base_file_url(f"{self.api}/file/bot")
-            .rate_limiter(AIORateLimiter(max_retries=SEND_RETRIES))
+            .rate_limiter(
+                AIORateLimiter(
+                    overall_max_rate=bot.telegram.rate_limit.overall_per_second,
+                    group_max_rate=bot.telegram.rate_limit.group_per_minute,
+                    max_retries=SEND_RETRIES,
+                )
+            )
             .concurrent_updates(CONCURRENT_UPDATES)
             .get_updates_request(ReadableUpdates(bot.name))
         )

@@ -408,6 +408,14 @@ Platform: TypeAlias = Literal["discord", "telegram", "http"]
 _SECRET_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
 
 
+class TelegramRateLimit(_Model):
+    """How fast the bot sends, kept under Telegram's flood limits by PTB's
+    AIORateLimiter; 0 lifts a limit (for a Bot API server without them)."""
+
+    overall_per_second: Float = Field(default=30.0, ge=0, le=MAX_COUNT)
+    group_per_minute: Float = Field(default=20.0, ge=0, le=MAX_COUNT)
+
+
 class TelegramConfig(_Model):
     """Telegram only: long polling unless `webhook_url` is set. In webhook mode
     Telegram POSTs updates to `webhook_url`, which must reach the daemon's
@@ -415,6 +423,7 @@ class TelegramConfig(_Model):
 
     webhook_url: OptionalStr = None
     secret_token: OptionalSecret = None
+    rate_limit: TelegramRateLimit = TelegramRateLimit()
 
     @field_validator("webhook_url")
     @classmethod

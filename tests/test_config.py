@@ -656,6 +656,11 @@ def test_a_telegram_bot_polls_unless_a_webhook_is_configured() -> None:
     assert hooked.secret_token is not None
     assert hooked.secret_token.get_secret_value() == "s3cr-et_"
     assert "s3cr-et_" not in repr(hooked)
+    limits = hooked.rate_limit
+    assert (limits.overall_per_second, limits.group_per_minute) == (30, 20)  # Telegram's own
+    text = f"bots:\n  - {TELEGRAM}, telegram: {{rate_limit: {{overall_per_second: 0}}}}}}\n"
+    lifted = parse_config(text).bots[0].telegram.rate_limit
+    assert (lifted.overall_per_second, lifted.group_per_minute) == (0, 20)
 
 
 @pytest.mark.parametrize(
@@ -681,6 +686,14 @@ def test_a_telegram_bot_polls_unless_a_webhook_is_configured() -> None:
         (
             "telegram: {webhook: 'https://b.example/tg'}",
             "bots[0].telegram.webhook: unknown key",
+        ),
+        (
+            "telegram: {rate_limit: {group_per_minute: -1}}",
+            "bots[0].telegram.rate_limit.group_per_minute: must be >= 0",
+        ),
+        (
+            "telegram: {rate_limit: {per_second: 5}}",
+            "bots[0].telegram.rate_limit.per_second: unknown key",
         ),
         (
             "admins: {role_ids: [5]}",

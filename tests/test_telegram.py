@@ -448,3 +448,18 @@ async def test_a_reply_in_progress_finishes_when_the_daemon_stops(
     finally:
         await store.close()
         await forget(redis_url, key_prefix)
+
+
+def test_the_send_rate_limits_come_from_the_config(fake: FakeTelegram, redis_url: str) -> None:
+    """PTB's AIORateLimiter keeps no public settings: its private fields are
+    read here, the only place they are."""
+    lifted = {"rate_limit": {"overall_per_second": 0, "group_per_minute": 0}}
+    for telegram_cfg, overall, group in (({}, 30, 20), (lifted, None, 0)):
+        d = build(redis_url, "unused", bot("alpha", TOKEN_A, fake, telegram=telegram_cfg))
+        (adapter,) = d.adapters
+        limiter = adapter.app.bot.rate_limiter  # type: ignore[attr-defined]
+        base = limiter._base_limiter
+        assert (None if base is None else base.max_rate, limiter._group_max_rate) == (
+            overall,
+            group,
+        )
