@@ -1,0 +1,61 @@
+"""The plainest discord.py echo bot: contestant (a) of bench/e2e_discord.py.
+
+    python bench/_bare_discord.py API_BASE GATEWAY_URL TOKEN
+
+A `discord.Client` with the default intents plus message_content that answers
+every message not written by a bot (itself included) with its own text. It is
+pointed at a fake Discord the way tests/fakes/discord.py's `pointed_at` does
+it: `Route.BASE` and `DiscordWebSocket.DEFAULT_GATEWAY` (a plain `Client`
+connects to DEFAULT_GATEWAY and never asks /gateway/bot). discord.py logs as
+`Client.run` would set it up (INFO to stderr); SIGTERM or SIGINT closes the
+client and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+import discord
+import yarl
+from discord.gateway import DiscordWebSocket
+from discord.http import Route
+
+
+async def serve(token: str) -> None:
+    intents = discord.Intents.default()
+    intents.message_content = True
+    client = discord.Client(intents=intents)
+
+    @client.event
+    async def on_ready() -> None:
+        print(f"ready as {client.user} (id {client.user and client.user.id})", flush=True)
+
+    @client.event
+    async def on_message(message: discord.Message) -> None:
+        if message.author == client.user or message.author.bot:
+            return
+        await message.channel.send(message.content)
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(client.close()))
+    async with client:
+        await client.start(token)
+
+
+def main() -> int:
+    if len(sys.argv) != 4:
+        print(__doc__, file=sys.stderr)
+        return 2
+    api_base, gateway_url, token = sys.argv[1:]
+    Route.BASE = api_base.rstrip("/")
+    DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(gateway_url)
+    discord.utils.setup_logging()
+    asyncio.run(serve(token))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
