@@ -35,7 +35,7 @@ from telegram import Message as TgMessage
 from telegram.constants import ChatAction, ChatMemberStatus, ChatType
 from telegram.error import InvalidToken, TelegramError
 from telegram.ext import AIORateLimiter, Application, ContextTypes, TypeHandler, filters
-from telegram.request import HTTPXRequest
+from telegram.request import BaseRequest, HTTPXRequest, RequestData
 from telegram.warnings import PTBDeprecationWarning
 
 from adapters.common import (
@@ -165,24 +165,64 @@ def admin_command(m: TgMessage, username: str) -> str | None:
     return " ".join([command, *args])
 
 
+_NO_BATCH = object()
+
+
 class ReadableUpdates(HTTPXRequest):
     """The getUpdates connection (PTB's defaults: one connection, HTTP/1.1),
     which replaces each update python-telegram-bot cannot parse - a field it
     requires is missing (a Bot API server older than PTB, e.g. a poll option
     without persistent_id), a malformed payload - by its bare update_id. That
     update is then skipped and confirmed; otherwise PTB fails on the whole
-    batch, fetches it again at once, and the bot hears nothing any more."""
+    batch, fetches it again, and the bot hears nothing any more.
+
+    Checking costs a second parse of every update, so it is done only when it
+    is needed: when PTB asks again from the offset of a batch it was given,
+    it could not read that batch (a batch it read moves the offset on). PTB's
+    two CRITICAL lines about that first, unchecked, batch are held back
+    (`_QuietFirstFailure`): the check that follows names the update it skips.
+    """
 
     def __init__(self, bot_name: str) -> None:
         super().__init__()
         self.bot_name = bot_name
+        self._offset: object = None  # of the call in flight (one connection: one call)
+        self._unread: object = _NO_BATCH  # the offset of the last batch given to PTB
+        self.unchecked: object = None  # that batch's list, when it went unchecked
+        quiet = _QuietFirstFailure(self)
+        logging.getLogger("telegram.ext.ExtBot").addFilter(quiet)
+        logging.getLogger("telegram.ext.Updater").addFilter(quiet)
+        self.quiet = quiet
+
+    async def do_request(
+        self,
+        url: str,
+        method: str,
+        request_data: RequestData | None = None,
+        read_timeout: Any = BaseRequest.DEFAULT_NONE,
+        write_timeout: Any = BaseRequest.DEFAULT_NONE,
+        connect_timeout: Any = BaseRequest.DEFAULT_NONE,
+        pool_timeout: Any = BaseRequest.DEFAULT_NONE,
+    ) -> tuple[int, bytes]:
+        self._offset = None if request_data is None else request_data.parameters.get("offset")
+        return await super().do_request(url, method, request_data, read_timeout, write_timeout,
+                                        connect_timeout, pool_timeout)  # fmt: skip
 
     def parse_json_payload(self, payload: bytes) -> dict[str, Any]:  # type: ignore[override]
         data = HTTPXRequest.parse_json_payload(payload)
         result = data.get("result")
-        if isinstance(result, list):
-            data["result"] = [self._readable(update) for update in result]
+        self.unchecked = None
+        if isinstance(result, list) and result:
+            if self._offset == self._unread:  # the same batch again: PTB could not read it
+                data["result"] = [self._readable(update) for update in result]
+            else:
+                self.unchecked = result
+            self._unread = self._offset
         return data
+
+    def close_filters(self) -> None:
+        logging.getLogger("telegram.ext.ExtBot").removeFilter(self.quiet)
+        logging.getLogger("telegram.ext.Updater").removeFilter(self.quiet)
 
     def _readable(self, update: Any) -> Any:
         try:
@@ -197,6 +237,36 @@ class ReadableUpdates(HTTPXRequest):
         return update
 
 
+class _QuietFirstFailure(logging.Filter):
+    """Holds back PTB's CRITICAL lines about a batch ReadableUpdates handed
+    over unchecked: "Error while parsing updates! Received data was ..." from
+    the bot (recognised by that very list), then the updater's "Something went
+    wrong processing the data ..." that follows it in the same task. The next
+    fetch checks that batch and logs the update it skips; a failure of a
+    checked batch is logged by PTB as usual."""
+
+    def __init__(self, request: ReadableUpdates) -> None:
+        super().__init__()
+        self.request = request
+        self.held = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        unchecked = self.request.unchecked
+        if (
+            unchecked is not None
+            and record.name == "telegram.ext.ExtBot"
+            and isinstance(record.args, tuple)
+            and record.args
+            and record.args[0] is unchecked
+        ):
+            self.held = True
+            return False
+        if self.held and record.name == "telegram.ext.Updater":
+            self.held = False
+            return False
+        return True
+
+
 class TelegramAdapter:
     def __init__(self, bot: BotConfig, gateway: Gateway, server: HttpServer) -> None:
         if bot.token is None:  # the config refuses this; a clear error if it ever slips
@@ -209,6 +279,7 @@ class TelegramAdapter:
         secret = bot.telegram.secret_token
         self._secret = secret.get_secret_value().encode() if secret is not None else b""
         self.api = (bot.api_base or API_BASE).rstrip("/")
+        self.updates = ReadableUpdates(bot.name)
         builder = (
             Application.builder()
             .token(bot.token.get_secret_value())
@@ -222,7 +293,7 @@ class TelegramAdapter:
                 )
             )
             .concurrent_updates(CONCURRENT_UPDATES)
-            .get_updates_request(ReadableUpdates(bot.name))
+            .get_updates_request(self.updates)
         )
         if self.webhook is not None:
             builder = builder.updater(None)
@@ -306,6 +377,7 @@ class TelegramAdapter:
             if self.app.running:
                 await self.app.stop()
             await self.app.shutdown()
+        self.updates.close_filters()
 
     async def _register_commands(self) -> None:
         commands = [BotCommand(COMMAND_PREFIX + name, text) for name, text in COMMANDS.items()]

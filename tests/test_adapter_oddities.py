@@ -15,6 +15,7 @@ answered in platform-sized pieces and only a prefix of it is kept as context.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -25,6 +26,7 @@ import pytest
 from discord.gateway import DiscordWebSocket
 from discord.http import Route
 
+from adapters import telegram as telegram_adapter
 from adapters.common import utf16_len
 from gateway.daemon import Daemon
 from gateway.store.base import CONTEXT_TEXT_CHARS
@@ -719,3 +721,38 @@ async def test_telegram_a_malformed_update_is_skipped_and_the_next_is_handled(
         elif not parsed:
             assert_skipped(caplog)
         no_tracebacks(caplog)
+
+
+def test_a_batch_is_checked_only_when_ptb_asks_for_it_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The second parse that finds unreadable updates costs as much as PTB's
+    own, so a batch is checked only when PTB fetches it again (it could not
+    read it): a batch it read moves the offset on."""
+    checked: list[int] = []
+    real = telegram_adapter.Update.de_json
+
+    def counting(cls: Any, data: Any, bot: Any) -> Any:
+        checked.append(data["update_id"])
+        return real(data, bot)
+
+    monkeypatch.setattr(telegram_adapter.Update, "de_json", classmethod(counting))
+    updates = telegram_adapter.ReadableUpdates("b")
+    try:
+
+        def fetch(offset: int | None, *ids: int) -> None:
+            updates._offset = offset  # what do_request records of the call in flight
+            body = {"ok": True, "result": [{"update_id": i} for i in ids]}
+            updates.parse_json_payload(json.dumps(body).encode())
+
+        fetch(None, 1, 2)
+        fetch(3, 3)  # PTB read 1 and 2
+        fetch(4)  # nothing new
+        assert checked == []
+        fetch(4, 4, 5)
+        fetch(4, 4, 5)  # the same batch again: PTB could not read it
+        assert checked == [4, 5]
+        fetch(6, 6)
+        assert checked == [4, 5]
+    finally:
+        updates.close_filters()
