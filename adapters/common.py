@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from gateway.inflight import ShuttingDown
 from gateway.model import Decision
@@ -32,6 +33,36 @@ async def handle_event(gateway: Gateway, what: str, work: Callable[[], Awaitable
         log.info("bot %s: %s arrived while stopping; not handled", gateway.bot.name, what)
     except StoreError as exc:
         log.error("bot %s: %s not handled: %s", gateway.bot.name, what, exc)
+
+
+# A backend that answers within this many seconds shows no typing indicator:
+# it would cost a request per message and say nothing a reply does not.
+TYPING_AFTER = 0.3
+
+
+@asynccontextmanager
+async def typing_beside(
+    indicate: Callable[[], AbstractAsyncContextManager[object]], where: str
+) -> AsyncIterator[None]:
+    """Show `indicate()` (a platform's typing indicator) while the body runs,
+    beside it: only once the body took TYPING_AFTER seconds, never delaying
+    it, and a failing indicator fails nothing (logged at debug)."""
+
+    async def show() -> None:
+        await asyncio.sleep(TYPING_AFTER)
+        try:
+            async with indicate():
+                await asyncio.Event().wait()  # until cancelled: the body is done
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.debug("typing indicator in %s failed: %s", where, exc)
+
+    task = asyncio.create_task(show())
+    try:
+        yield
+    finally:
+        task.cancel()
 
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")

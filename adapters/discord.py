@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import discord
@@ -22,7 +21,14 @@ from discord import app_commands
 from discord.gateway import DiscordWebSocket
 from discord.http import Route
 
-from adapters.common import SendFailed, clean, deliver, handle_event, split_message
+from adapters.common import (
+    SendFailed,
+    clean,
+    deliver,
+    handle_event,
+    split_message,
+    typing_beside,
+)
 from gateway.admin import Admin, AdminError
 from gateway.config import BotConfig
 from gateway.daemon import StartupError
@@ -193,7 +199,9 @@ class DiscordAdapter:
 
     async def _handle(self, message: discord.Message) -> None:
         channel = message.channel
-        d = await self.gateway.handle(to_message(message), busy=lambda: self._typing(channel))
+        d = await self.gateway.handle(
+            to_message(message), busy=lambda: typing_beside(channel.typing, f"channel {channel.id}")
+        )
         if d.action is Action.REPLY and d.replies:
             ref = message.to_reference(fail_if_not_exists=False)
             await self._post(channel, d, list(d.replies), SAFE_MENTIONS, ref)
@@ -224,21 +232,6 @@ class DiscordAdapter:
 
         pieces = [p for text in texts for p in split_message(text, MESSAGE_LIMIT)]
         await deliver(self.gateway, d, pieces, send, warning=warning)
-
-    @asynccontextmanager
-    async def _typing(self, channel: Any) -> AsyncIterator[None]:
-        """Typing while the backend works; a failed indicator never fails a reply."""
-        typing = channel.typing()
-        try:
-            await typing.__aenter__()
-        except discord.HTTPException as exc:
-            log.debug("typing indicator in %s failed: %s", channel.id, exc)
-            yield
-            return
-        try:
-            yield
-        finally:
-            await typing.__aexit__(None, None, None)
 
     # -- admin commands -----------------------------------------------------------
 

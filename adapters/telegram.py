@@ -44,6 +44,7 @@ from adapters.common import (
     deliver,
     handle_event,
     split_message,
+    typing_beside,
     utf16_len,
 )
 from gateway.admin import Admin, AdminError
@@ -432,7 +433,9 @@ class TelegramAdapter:
             await self._admin(m, command)
             return
         msg = to_message(update, self.me)
-        d = await self.gateway.handle(msg, busy=lambda: self._typing(m))
+        d = await self.gateway.handle(
+            msg, busy=lambda: typing_beside(lambda: self._typing(m), f"chat {m.chat.id}")
+        )
         if d.action is Action.REPLY and d.replies:
             await self._post(m, d, list(d.replies), reply=True)
         elif d.action is Action.WARN and d.warning:
@@ -469,25 +472,10 @@ class TelegramAdapter:
 
     @asynccontextmanager
     async def _typing(self, m: TgMessage) -> AsyncIterator[None]:
-        """ "typing…" while the backend works, sent beside it: it never delays
-        the answer, and a failure never fails it."""
-
-        async def typing() -> None:
-            try:
-                await self.app.bot.send_chat_action(
-                    m.chat.id,
-                    ChatAction.TYPING,
-                    message_thread_id=m.message_thread_id if m.is_topic_message else None,
-                )
-            except TelegramError as exc:
-                log.debug("typing indicator in %s failed: %s", m.chat.id, exc)
-
-        task = asyncio.create_task(typing())
-        try:
-            yield
-        finally:
-            if not task.done():
-                task.cancel()
+        """ "typing…": Telegram shows it for 5 s or until the bot's next message."""
+        thread = m.message_thread_id if m.is_topic_message else None
+        await self.app.bot.send_chat_action(m.chat.id, ChatAction.TYPING, message_thread_id=thread)
+        yield
 
     # -- admin commands -----------------------------------------------------------
 

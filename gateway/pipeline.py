@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, replace
@@ -36,6 +37,9 @@ log = logging.getLogger("botbouncer.decision")
 
 # Something to show while the backend works, e.g. a platform's typing indicator.
 Busy = Callable[[], AbstractAsyncContextManager[object]]
+
+# Messages a gateway remembers having sent (their echoes skip the store).
+SENT_REMEMBERED = 1024
 
 # How long sending a reply may take on top of the classifier's and the
 # backend's deadlines (a platform's rate limiter may queue it): a turn hold
@@ -122,6 +126,9 @@ class Gateway:
         self.inflight = inflight if inflight is not None else InFlight()
         self.metrics = metrics
         self._s = _setup(bot, backend, classifier)
+        # what this gateway sent, as counted: the platform shows most of it
+        # back (its own echo), which then needs no store call
+        self._sent: OrderedDict[tuple[str, str], SentResult] = OrderedDict()
 
     @property
     def bot(self) -> BotConfig:
@@ -156,6 +163,13 @@ class Gateway:
 
     async def _handle(self, msg: Message, s: _Setup, busy: Busy | None) -> Decision:
         started = time.perf_counter()
+        if msg.author.id == self.bot_id and (mine := self._sent.get((msg.chat.key, msg.id))):
+            # Its own message, counted when sent: the store would answer just
+            # this (own_message, as counted) and learn nothing from the call.
+            at = time.time() if self.clock is None else self.clock()
+            own = Decision(self.bot_id, msg.id, msg.chat.key, msg.author.id, Action.DROP,
+                           Reason.OWN_MESSAGE, mine.turn, mine.soft, mine.hard, at=at)  # fmt: skip
+            return self._logged(own, started)
         count = count_kind(msg, self.bot_id)
         local = local_reason(
             msg,
@@ -260,7 +274,7 @@ class Gateway:
         chat's log, so an answered message costs two store calls in all.
         """
         own = Observed(decision.chat, message_id, self.bot_id, self.bot.name, Count.BOT, text)
-        return await self.store.record_sent(
+        counted = await self.store.record_sent(
             SentRequest(
                 msg=own,
                 bot=self.bot_id,
@@ -271,6 +285,10 @@ class Gateway:
                 answered=decision.message_id if first and decision.action is Action.REPLY else "",
             )
         )
+        self._sent[(decision.chat, message_id)] = counted
+        if len(self._sent) > SENT_REMEMBERED:
+            self._sent.popitem(last=False)
+        return counted
 
     async def note(self, chat: str, message_id: str, text: str) -> None:
         """The adapter posted `text` outside the conversation (an admin

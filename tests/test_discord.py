@@ -17,6 +17,7 @@ from discord.gateway import DiscordWebSocket
 from discord.http import Route
 
 from gateway.daemon import Daemon
+from tests import sample_backends
 from tests.daemons import running
 from tests.decisions import Decisions
 from tests.fakes.discord import (
@@ -109,7 +110,7 @@ async def test_a_mention_is_answered_and_the_reply_and_its_echo_are_one_turn(
         reply = replies[0]
         assert reply.message_reference is not None
         assert int(reply.message_reference["message_id"]) == int(said["id"])
-        assert any(t.channel_id == GENERAL and t.user_id == BOT_A for t in fake.typing)
+        assert fake.typing == []  # the echo answered at once: no indicator
         echo = await decisions.wait(reply.id, BOT_A)  # the reply coming back from the gateway
         assert (echo["action"], echo["reason"], echo["soft"]) == ("drop", "own_message", 1)
         assert await soft_of(d, GENERAL) == 1  # counted when sent; the echo added nothing
@@ -117,6 +118,21 @@ async def test_a_mention_is_answered_and_the_reply_and_its_echo_are_one_turn(
         quiet = await fake.user_says(GENERAL, ALICE, "just chatting")
         assert (await decisions.wait(quiet["id"], BOT_A))["reason"] == "not_addressed"
         assert len(fake.messages(GENERAL)) == 3
+
+
+async def test_typing_shows_while_a_slow_backend_works(
+    fake: FakeDiscord, run: Callable[..., Any]
+) -> None:
+    gate = sample_backends.new_gate()
+    backend = {"type": "python", "callable": "tests.sample_backends:gated"}
+    async with run(bot("alpha", TOKEN_A, fake, backend=backend)):
+        await fake.user_says(GENERAL, ALICE, f"<@{BOT_A}> think hard")
+        await fake.wait_until(lambda: fake.typing != [], what="typing")
+        assert by(BOT_A, fake.messages(GENERAL)) == []  # typing while nothing is sent yet
+        assert [(t.channel_id, t.user_id) for t in fake.typing] == [(GENERAL, BOT_A)]
+        gate.set()
+        replies = by(BOT_A, await fake.wait_for_messages(GENERAL, 2))
+        assert [r.content for r in replies] == ["worked on it"]
 
 
 async def test_another_bots_message_is_counted_and_ignored_when_bot_messages_is_off(

@@ -444,16 +444,20 @@ async def test_three_daemons_1000_chats_keep_every_invariant_and_flat_memory(
             by_chat[got.chat].append(x)
     assert not answers, f"answers with no logged decision: {list(answers)[:3]}"
 
-    # -- the chats' decision logs in Redis say the same (those short enough to keep all)
+    # -- the chats' decision logs in Redis say the same (those short enough to keep
+    # all). A bot's own message that comes back to the daemon that sent it is
+    # decided there without the store (counted when sent), so it is not filed:
+    # own_message decisions are left out of both sides.
     compared = 0
     for chat, stored in zip(chats, kept, strict=True):
         mine = by_chat[chat.name]
         if len(mine) <= DECISION_LOG_SIZE:
             compared += 1
             entry = ("bot", "id", "action", "reason", "turn", "soft", "hard")
-            assert Counter(tuple(e[k] for k in entry) for e in stored) == Counter(
-                tuple(e[k] for k in entry) for e in mine
-            ), chat.name
+            assert Counter(tuple(e[k] for k in entry) for e in stored
+                           if e["reason"] != "own_message") == Counter(
+                tuple(e[k] for k in entry) for e in mine if e["reason"] != "own_message"
+            ), chat.name  # fmt: skip
     assert compared >= 0.9 * len(chats), compared
 
     loops = [c for c in chats if not c.burst]

@@ -71,9 +71,15 @@ async def test_an_addressed_human_gets_the_echo_and_the_reply_counts_once(store:
     echo = Message(id="r1", chat=ROOM, author=Author("helper", is_bot=True), text="hello")
     seen = await gw.handle(echo)
     assert (seen.action, seen.reason, seen.soft) == (Action.DROP, Reason.OWN_MESSAGE, 1)
+    # the echo of what it sent was decided without the store: nothing to count
+    # or file; another replica that sees it asks the store, with the same answer
     log = await store.decisions(ROOM.key)
-    assert [(e["id"], e["action"], e["reason"]) for e in log] == [
-        ("r1", "drop", "own_message"), ("h1", "reply", None)]  # fmt: skip
+    assert [(e["id"], e["action"], e["reason"]) for e in log] == [("h1", "reply", None)]
+    replica = Gateway(bot_config(), store, EchoBackend())
+    there = await replica.handle(echo)
+    fields = ("action", "reason", "turn", "soft", "hard")
+    assert [getattr(there, f) for f in fields] == [getattr(seen, f) for f in fields]
+    assert [e["id"] for e in await store.decisions(ROOM.key)] == ["r1", "h1"]
 
 
 async def test_unaddressed_and_bot_messages_never_reach_the_backend(store: Store) -> None:
