@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -111,6 +113,24 @@ async def drive(
     return Run(label, messages, time.perf_counter() - started, latencies)
 
 
+def stop(procs: list[subprocess.Popen[bytes]], name: str, wait: float = 10.0) -> None:
+    """SIGTERM each contestant, wait up to `wait` s, then SIGKILL; say so when
+    one did not exit 0."""
+    running = [p for p in procs if p.poll() is None]
+    for p in running:
+        p.send_signal(signal.SIGTERM)
+    for p in running:
+        try:
+            p.wait(wait)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            print(f"{name}: pid {p.pid} ignored SIGTERM for {wait:g} s: killed", file=sys.stderr)
+        else:
+            if p.returncode != 0:
+                print(f"{name}: pid {p.pid} exited with {p.returncode} on SIGTERM", file=sys.stderr)
+
+
 def _row(r: Run) -> str:
     return (f"{r.label:<12}{r.throughput:>10.0f}{r.percentile(50) * 1000:>10.1f}"
             f"{r.percentile(99) * 1000:>10.1f}")  # fmt: skip
@@ -153,9 +173,3 @@ def report(a: list[Run], b: list[Run]) -> str:
     print(f"p99 latency b/a {p_ratio:.3f} (target <= {P99_TARGET}): "
           f"{'PASS' if p_ok else 'MISS'}")  # fmt: skip
     return f"throughput_ratio={t_ratio:.3f} p99_ratio={p_ratio:.3f}"
-
-
-def finish(last_line: str) -> int:
-    print(last_line, flush=True)
-    sys.stdout.flush()
-    return 0

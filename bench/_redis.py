@@ -10,7 +10,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,28 @@ async def check_reachable(url: str) -> None:
         await client.aclose()
 
 
-def main_on_redis(name: str, measure: Callable[[str, bool], Awaitable[str]]) -> int:
+async def redis_version(url: str) -> str:
+    client = aioredis.from_url(url, decode_responses=True)
+    try:
+        return str((await client.info("server")).get("redis_version", "?"))
+    finally:
+        await client.aclose()
+
+
+async def delete_matching(url: str, *patterns: str) -> None:
+    """Delete the keys matching each SCAN pattern (a benchmark's own, on a
+    shared REDIS_URL)."""
+    client = aioredis.from_url(url)
+    try:
+        for pattern in patterns:
+            keys = [k async for k in client.scan_iter(match=pattern, count=1000)]
+            if keys:
+                await client.delete(*keys)
+    finally:
+        await client.aclose()
+
+
+def main_on_redis(name: str, measure: Callable[[str, bool], Coroutine[Any, Any, str]]) -> int:
     """Run `measure(url, private)` on a private redis-server (or REDIS_URL),
     then print the time taken and its last line (the ratios run_all.py shows)."""
     started = time.perf_counter()

@@ -55,7 +55,6 @@ import os
 import platform
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -69,8 +68,8 @@ import aiohttp
 import discord
 import redis.asyncio as aioredis
 import yaml
-from _e2e import MESSAGES, ROUNDS, WINDOW, Replies, Run, alternate, drive, report
-from _redis import ROOT, main_on_redis
+from _e2e import MESSAGES, ROUNDS, WINDOW, Replies, Run, alternate, drive, report, stop
+from _redis import ROOT, delete_matching, main_on_redis, redis_version
 
 sys.path.insert(0, str(ROOT))  # tests.fakes: the repo root is not on sys.path for bench/
 
@@ -163,23 +162,6 @@ def spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     STARTED.append(proc)
     return proc
-
-
-def stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM each, wait up to 10 s, then SIGKILL; say so when one did not exit 0."""
-    running = [p for p in procs if p.poll() is None]
-    for p in running:
-        p.send_signal(signal.SIGTERM)
-    for p in running:
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-            print(f"{NAME}: pid {p.pid} ignored SIGTERM for 10 s: killed", file=sys.stderr)
-        else:
-            if p.returncode != 0:
-                print(f"{NAME}: pid {p.pid} exited with {p.returncode} on SIGTERM", file=sys.stderr)
 
 
 def tail(path: Path, lines: int = 8) -> str:
@@ -337,26 +319,6 @@ def daemon_config(workdir: Path, redis_url: str, api_base: str, port: int) -> Pa
     return path
 
 
-async def redis_version(url: str) -> str:
-    client = aioredis.from_url(url, decode_responses=True)
-    try:
-        return str((await client.info("server")).get("redis_version", "?"))
-    finally:
-        await client.aclose()
-
-
-async def delete_keys(url: str, channel_ids: list[int]) -> None:
-    """On a shared REDIS_URL: delete the keys of this run's channels."""
-    client = aioredis.from_url(url)
-    try:
-        for c in channel_ids:
-            keys = [k async for k in client.scan_iter(match=f"bb:{{discord:{c}}}:*", count=1000)]
-            if keys:
-                await client.delete(*keys)
-    finally:
-        await client.aclose()
-
-
 async def measure(url: str, private: bool) -> str:
     workdir = Path(tempfile.mkdtemp(prefix="bb-e2e-discord-"))
     base = snowflake_base()
@@ -400,12 +362,12 @@ async def measure(url: str, private: bool) -> str:
         ok = True
         return last
     finally:
-        stop(procs)
+        stop(procs, NAME)
         await store.aclose()
         for c in (bare, bb):
             await c.fake.close()
         if not private:
-            await delete_keys(url, channel_ids)
+            await delete_matching(url, *(f"bb:{{discord:{c}}}:*" for c in channel_ids))
         if ok:
             shutil.rmtree(workdir, ignore_errors=True)
         else:
@@ -419,7 +381,7 @@ def main() -> int:
         print(f"{NAME}: cannot measure: {exc}", file=sys.stderr)
         return 2
     finally:
-        stop(STARTED)
+        stop(STARTED, NAME)
 
 
 if __name__ == "__main__":

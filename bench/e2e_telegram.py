@@ -42,23 +42,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for `tests`
 
 import aiohttp
-import redis.asyncio as aioredis
 import telegram
 import yaml
-from _e2e import MESSAGES, ROUNDS, WINDOW, Replies, Run, alternate, drive, report
-from _redis import RedisUnavailable, main_on_redis
+from _e2e import MESSAGES, ROUNDS, WINDOW, Replies, Run, alternate, drive, report, stop
+from _redis import delete_matching, main_on_redis, redis_version
 
 from adapters.telegram import CONCURRENT_UPDATES
 from tests.fakes.telegram import FakeBot, FakeTelegram, Json
@@ -71,6 +69,7 @@ USERS = 8
 CHAT_BASE = -1008800000000  # chat k is CHAT_BASE - k
 USER_BASE = 880001
 BOT_ID = 8800
+NAME = "e2e_telegram"
 BOT_USERNAME = "bench_bot"
 MAX_REPLIES = 1_000_000  # the config's upper bound: the rate cap never bites
 READY_S = 60.0  # start-up of a contestant, until it long-polls (and is healthy)
@@ -191,19 +190,8 @@ class Contestant:
 
     async def stop(self) -> None:
         if self.proc is not None:
-            await asyncio.to_thread(stop_process, self.proc)
+            await asyncio.to_thread(stop, [self.proc], NAME, STOP_S)
         await self.fake.close()
-
-
-def stop_process(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, wait, then SIGKILL."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(STOP_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def daemon_config(redis_url: str, port: int, api_base: str, token: str) -> str:
@@ -225,28 +213,10 @@ def daemon_config(redis_url: str, port: int, api_base: str, token: str) -> str:
     return yaml.safe_dump(config, sort_keys=False)
 
 
-async def forget_chats(redis_url: str) -> None:
+def forget_chats(redis_url: str) -> Awaitable[None]:
     """On a shared Redis: drop what an earlier invocation left for these chats
     (its dedupe memory would take the fake's message ids for repeats)."""
-    client = aioredis.from_url(redis_url)
-    try:
-        pattern = f"bb:{{telegram:{str(CHAT_BASE)[:-3]}*"
-        keys = [k async for k in client.scan_iter(match=pattern, count=1000)]
-        if keys:
-            await client.delete(*keys)
-    finally:
-        await client.aclose()
-
-
-async def redis_version(redis_url: str) -> str:
-    client = aioredis.from_url(redis_url)
-    try:
-        info = await client.info("server")
-        return str(info.get("redis_version", "?"))
-    except Exception as exc:
-        raise RedisUnavailable(f"no Redis answers at {redis_url}: {exc}") from exc
-    finally:
-        await client.aclose()
+    return delete_matching(redis_url, f"bb:{{telegram:{str(CHAT_BASE)[:-3]}*")
 
 
 def problems(c: Contestant) -> list[str]:
@@ -301,20 +271,18 @@ async def measure(redis_url: str, private: bool) -> str:
 
 
 def main() -> int:
-    run: Callable[[str, bool], Awaitable[str]] = measure
     try:
-        return main_on_redis("e2e_telegram", run)  # prints the last line
+        return main_on_redis(NAME, measure)  # prints the last line
     except Failed as exc:
-        print(f"e2e_telegram: could not measure: {exc}", file=sys.stderr)
+        print(f"{NAME}: could not measure: {exc}", file=sys.stderr)
         return 2
     except SystemExit as exc:  # drive(): one message got no reply within reply_within
         if not isinstance(exc.code, str):
             raise
-        print(f"e2e_telegram: could not measure: {exc.code}", file=sys.stderr)
+        print(f"{NAME}: could not measure: {exc.code}", file=sys.stderr)
         return 2
     finally:
-        for proc in PROCS:
-            stop_process(proc)
+        stop(PROCS, NAME, STOP_S)
 
 
 if __name__ == "__main__":

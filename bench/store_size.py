@@ -43,7 +43,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
-from _redis import main_on_redis, verdict
+from _redis import main_on_redis, redis_version, verdict
 
 from gateway.backends import EchoBackend
 from gateway.config import Config, parse_config
@@ -264,11 +264,7 @@ def report(s: Sizes, config: Config) -> None:
 async def run(url: str, private: bool) -> str:
     echo, ctx8 = parse_config(ECHO_CONFIG), parse_config(CTX_CONFIG)
     assert (context_size(echo), context_size(ctx8)) == (0, 8)
-    client = aioredis.from_url(url, decode_responses=True)
-    try:
-        version = (await client.info("server"))["redis_version"]
-    finally:
-        await client.aclose()
+    version = await redis_version(url)
     where = "a private redis-server" if private else f"REDIS_URL {url} (keys deleted after)"
     print(f"store_size: Redis {version} ({where}); MEMORY USAGE SAMPLES 0 of every key of "
           f"every chat, after traffic through Gateway.handle()/sent() on RedisStore")  # fmt: skip
