@@ -53,9 +53,7 @@ async def typing_beside(
         try:
             async with indicate():
                 await asyncio.Event().wait()  # until cancelled: the body is done
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
+        except Exception as exc:  # (cancelling, the body done, is no Exception)
             log.debug("typing indicator in %s failed: %s", where, exc)
 
     task = asyncio.create_task(show())

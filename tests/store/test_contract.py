@@ -299,12 +299,15 @@ async def test_a_person_is_answered_whatever_is_held(store: Store) -> None:
 async def test_a_hold_lapses_after_its_time(store: Store) -> None:
     chat = Chat(store, limits=SMALL)
     await chat.admit("A", bot="B", mid="a1", hold_ms=HOLD)  # 1, B holds
-    await chat.admit("A", bot="C", mid="a2", hold_ms=HOLD)  # 2, C holds
-    assert (await chat.admit("A", bot="D", hold_ms=HOLD)).action is not None  # 3 + 2
+    await chat.human()  # 0; B's hold stands
+    await chat.admit("A", bot="C", mid="a2", hold_ms=HOLD)  # 1 + 1 ahead, C holds
+    held = await chat.admit("A", bot="D", mid="a3", hold_ms=HOLD)  # 2 + 2 ahead
+    assert (held.soft, held.turn, held.reason) == (2, Turn.OK, Reason.TURN_THROTTLED)
     await chat.human()
     chat.tick(HOLD / 1000)  # B's and C's answers never came: their holds lapse
-    res = await chat.admit("A", bot="D", mid="a4", hold_ms=HOLD)
-    assert (res.soft, res.action, res.reason) == (1, None, None)
+    await chat.admit("A", bot="C", mid="a4")  # 1, nothing held now
+    res = await chat.admit("A", bot="D", mid="a5", hold_ms=HOLD)  # 2 + nothing ahead
+    assert (res.soft, res.action, res.reason) == (2, None, None)
 
 
 async def test_a_dry_run_holds_nothing(store: Store) -> None:
