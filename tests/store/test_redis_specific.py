@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.crc import key_slot
 
-from gateway.model import Action, Reason
+from gateway.model import Action, Decision, Reason, Turn
 from gateway.store import AdmitRequest, Limits, Observed, Overrides
-from gateway.store.redis import RedisStore
+from gateway.store.redis import RedisStore, pack_log, unpack_log
 from gateway.turns import Count
 from tests.store.harness import Chat
 
@@ -106,6 +106,11 @@ async def test_decision_log_entries_are_json_with_every_field(rstore: RedisStore
     assert entry["turn"] == "reset" and entry["bot"] == "B"
     raw = await rstore.client.lindex(rstore.keys(chat.chat).log, 0)
     assert raw.startswith("[") and '"action"' not in raw  # positional: no key names
+    # what the pipeline files through sent/release packs the same way
+    decision = Decision("B", "m9", chat.chat, "al", Action.DROP, Reason.CLASSIFIER_SKIP,
+                        Turn.RESET, 0, 0, at=12.5)  # fmt: skip
+    packed = pack_log(decision.log_entry())
+    assert packed.startswith("[") and unpack_log(packed) == decision.log_entry()
 
 
 async def test_log_and_context_written_before_the_compact_form_are_still_read(
