@@ -2,8 +2,14 @@
 the admin commands as `/bouncer ...` application commands. It knows nothing
 about limits; Gateway.handle decides.
 
-One sharded client per configured bot. Reconnects, resumes and HTTP 429s are
-discord.py's own: the adapter never retries a send. With `api_base` set (an API
+One sharded client per configured bot. Reconnects, resumes, heartbeats and
+HTTP 429s are discord.py's own: the adapter never retries a send. Messages
+skip discord.py's object model: a MESSAGE_CREATE payload is translated as it
+arrives (`from_payload`) and a reply is POSTed through discord.py's HTTP client
+(its rate limits and retries) with the id read from the answer. A discord.Message
+per event and per reply, its author, member and mentions, cost more CPU than
+everything botbouncer decides (bench/README.md, "End to end"); nothing here
+needs them. With `api_base` set (an API
 proxy, a self-hosted gateway), the gateway URL comes from GET
 {api_base}/gateway/bot, as Discord's sharded clients do, or from `gateway_url`.
 """
@@ -15,6 +21,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import aiohttp
 import discord
 import yarl
 from discord import app_commands
@@ -44,6 +51,11 @@ MESSAGE_LIMIT = 2000  # Discord's per-message character limit
 # @everyone, @here or a role: a bot echoing "@everyone" must not page a server.
 SAFE_MENTIONS = discord.AllowedMentions(everyone=False, roles=False, users=True, replied_user=True)
 NO_MENTIONS = discord.AllowedMentions.none()
+SAFE_MENTIONS_JSON: dict[str, Any] = dict(SAFE_MENTIONS.to_dict())
+NO_MENTIONS_JSON: dict[str, Any] = dict(NO_MENTIONS.to_dict())
+# Message types people and bots write; any other is one Discord made (a pin,
+# a join, a boost): discord.py's Message.is_system(), by number.
+WRITTEN_TYPES = frozenset({0, 19, 20, 21, 23, 46})
 # The /bouncer subcommands that take no options.
 SIMPLE_COMMANDS = {
     "status": "Turn counters, limits, pause and cooldowns",
@@ -59,24 +71,75 @@ _DEFAULT_GATEWAY = DiscordWebSocket.DEFAULT_GATEWAY
 _endpoints: dict[str, tuple[str, str | None]] = {}  # running bot -> (REST base, gateway)
 
 
-def to_message(m: discord.Message) -> Message:
-    """A Discord message as the gateway sees it: the channel is the chat (a
-    thread is a channel), a DM is `dm`, a reply names the author it answers."""
-    channel = m.channel
-    kind = ChatKind.DM if isinstance(channel, discord.DMChannel) else ChatKind.GROUP
-    reply_to = None
-    if m.reference is not None and isinstance(m.reference.resolved, discord.Message):
-        replied = getattr(m.reference.resolved, "author", None)  # None: a payload without one
-        reply_to = None if replied is None else str(replied.id)
+class PayloadError(ValueError):
+    """A MESSAGE_CREATE payload the adapter cannot read; the text says why."""
+
+
+def _snowflake(value: object, what: str) -> str:
+    """A Discord id as the gateway keeps it (decimal digits), or PayloadError."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return str(value)
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return value
+    raise PayloadError(f"{what} {value!r} is not a Discord id")
+
+
+def from_payload(data: Any) -> Message:
+    """A MESSAGE_CREATE payload as the gateway sees it: the channel is the chat
+    (a thread is a channel), a message without a guild is a DM, a reply names
+    the author it answers (None when Discord sent no readable author for it).
+
+    Raises PayloadError naming the field when the id, channel, author, type or
+    content is missing or unreadable; whatever else is odd is left unread.
+    """
+    if not isinstance(data, dict):
+        raise PayloadError(f"the payload is {type(data).__name__}, not an object")
+    author = data.get("author")
+    if not isinstance(author, dict):
+        raise PayloadError("no author")
+    message_id = _snowflake(data.get("id"), "id")
+    channel = _snowflake(data.get("channel_id"), "channel_id")
+    author_id = _snowflake(author.get("id"), "author id")
+    kind_of = data.get("type")
+    if not isinstance(kind_of, int) or isinstance(kind_of, bool):
+        raise PayloadError(f"type {kind_of!r} is not a message type")
+    if "content" not in data:
+        raise PayloadError("no content")
+    content = data["content"]
+    if content is not None and not isinstance(content, str):
+        raise PayloadError(f"content is {type(content).__name__}, not text")
+    member = data.get("member")
+    nick = member.get("nick") if isinstance(member, dict) else None
+    name = nick or author.get("global_name") or author.get("username") or author_id
+    mentions = data.get("mentions")
+    referenced = data.get("referenced_message")
+    replied = referenced.get("author") if isinstance(referenced, dict) else None
+    replied_id = replied.get("id") if isinstance(replied, dict) else None
     return Message(
-        id=str(m.id),
-        chat=ChatRef(platform="discord", id=str(channel.id), kind=kind),
-        author=Author(str(m.author.id), clean(m.author.display_name), m.author.bot),
-        text=clean(m.content),  # None in a payload with "content": null
-        mentions=tuple(str(u.id) for u in m.mentions),
-        reply_to=reply_to,
-        system=m.is_system(),
+        id=message_id,
+        chat=ChatRef(
+            platform="discord",
+            id=channel,
+            kind=ChatKind.DM if data.get("guild_id") is None else ChatKind.GROUP,
+        ),
+        author=Author(author_id, clean(str(name)), author.get("bot") is True),
+        text=clean(content),  # None in a payload with "content": null
+        mentions=tuple(
+            str(u["id"])
+            for u in (mentions if isinstance(mentions, list) else ())
+            if isinstance(u, dict) and _is_id(u.get("id"))
+        ),
+        reply_to=str(replied_id) if _is_id(replied_id) else None,
+        system=kind_of not in WRITTEN_TYPES,
     )
+
+
+def _is_id(value: object) -> bool:
+    try:
+        _snowflake(value, "")
+    except PayloadError:
+        return False
+    return True
 
 
 class DiscordAdapter:
@@ -92,20 +155,23 @@ class DiscordAdapter:
         if bot.shard_ids is not None:
             sharding["shard_ids"] = list(bot.shard_ids)
         self.client = discord.AutoShardedClient(
-            intents=intents, allowed_mentions=SAFE_MENTIONS, **sharding
+            # no message cache: messages never become discord.py objects here
+            intents=intents,
+            allowed_mentions=SAFE_MENTIONS,
+            max_messages=None,
+            **sharding,
         )
         self.tree = app_commands.CommandTree(self.client)
         self.tree.on_error = self._command_error  # type: ignore[method-assign]
         self._add_commands()
-        self.client.event(self.on_message)
         self.client.event(self.on_ready)
-        # discord.py parses a MESSAGE_CREATE before any handler runs; one it
-        # cannot read (no author, no content, an id that is no number) would
-        # end the shard's whole connection. Drop that one event instead.
-        parsers = self.client._connection.parsers
-        parsers["MESSAGE_CREATE"] = self._tolerant(parsers["MESSAGE_CREATE"])
+        # Every MESSAGE_CREATE comes here as discord.py received it, in place
+        # of its parser (which would build a discord.Message and, for one it
+        # cannot read, end the shard's whole connection).
+        self.client._connection.parsers["MESSAGE_CREATE"] = self.on_message_create
         self.ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._handling: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -179,56 +245,71 @@ class DiscordAdapter:
 
     # -- messages ---------------------------------------------------------------
 
-    def _tolerant(self, parse: Callable[[Any], None]) -> Callable[[Any], None]:
-        def run(data: Any) -> None:
-            try:
-                parse(data)
-            except Exception as exc:
-                what = data.get("id") if isinstance(data, dict) else type(data).__name__
-                log.warning("bot %s: could not read message %s from Discord (%s: %s); ignored",
-                            self.bot.name, what, type(exc).__name__, exc)  # fmt: skip
-
-        return run
-
-    async def on_message(self, message: discord.Message) -> None:
-        if getattr(message, "author", None) is None:  # discord.py keeps a payload without one
-            log.warning("bot %s: could not read message %s from Discord (no author); ignored",
-                        self.bot.name, message.id)  # fmt: skip
+    def on_message_create(self, data: Any) -> None:
+        """One MESSAGE_CREATE: translated at once; the echo of a message this
+        bot sent is decided here and then (no task, no store call), anything
+        else is handled in a task of its own."""
+        try:
+            msg = from_payload(data)
+        except PayloadError as exc:
+            what = data.get("id") if isinstance(data, dict) else "?"
+            log.warning("bot %s: could not read message %s from Discord (%s); ignored",
+                        self.bot.name, what, exc)  # fmt: skip
             return
-        await handle_event(self.gateway, f"message {message.id}", lambda: self._handle(message))
-
-    async def _handle(self, message: discord.Message) -> None:
-        channel = message.channel
-        d = await self.gateway.handle(
-            to_message(message), busy=lambda: typing_beside(channel.typing, f"channel {channel.id}")
+        if self.gateway.echo(msg) is not None:
+            return
+        guild = data.get("guild_id")
+        task = asyncio.ensure_future(
+            handle_event(self.gateway, f"message {msg.id}", lambda: self._handle(msg, guild))
         )
+        self._handling.add(task)
+        task.add_done_callback(self._handled)
+
+    def _handled(self, task: asyncio.Task[None]) -> None:
+        self._handling.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("bot %s: handling a message failed", self.bot.name, exc_info=exc)
+
+    async def _handle(self, msg: Message, guild: object) -> None:
+        channel = int(msg.chat.id)
+        d = await self.gateway.handle(msg, busy=lambda: typing_beside(
+            self.client.get_partial_messageable(channel).typing, f"channel {channel}"))  # fmt: skip
         if d.action is Action.REPLY and d.replies:
-            ref = message.to_reference(fail_if_not_exists=False)
-            await self._post(channel, d, list(d.replies), SAFE_MENTIONS, ref)
+            ref: dict[str, Any] = {"message_id": msg.id, "channel_id": msg.chat.id,
+                                   "fail_if_not_exists": False}  # fmt: skip
+            if guild is not None:
+                ref["guild_id"] = guild
+            await self._post(channel, d, list(d.replies), SAFE_MENTIONS_JSON, ref)
         elif d.action is Action.WARN and d.warning:
-            await self._post(channel, d, [d.warning], NO_MENTIONS, None, warning=True)
+            await self._post(channel, d, [d.warning], NO_MENTIONS_JSON, None, warning=True)
 
     async def _post(
         self,
-        channel: Any,
+        channel: int,
         d: Decision,
         texts: list[str],
-        mentions: discord.AllowedMentions,
-        reference: discord.MessageReference | None,
+        mentions: dict[str, Any],
+        reference: dict[str, Any] | None,
         *,
         warning: bool = False,
     ) -> None:
         """Send each piece (the first as a reply) and count it under its id.
         No retry here: discord.py retries 429s, which delivered nothing."""
+        route = Route("POST", "/channels/{channel_id}/messages", channel_id=channel)
 
         async def send(piece: str, index: int) -> str:
+            payload: dict[str, Any] = {"content": piece, "allowed_mentions": mentions}
+            if index == 0 and reference is not None:
+                payload["message_reference"] = reference
             try:
-                sent = await channel.send(
-                    piece, allowed_mentions=mentions, reference=reference if index == 0 else None
-                )
+                sent = await self.client.http.request(route, json=payload)
             except discord.HTTPException as exc:
                 raise SendFailed(f"Discord refused the message: {exc}") from None
-            return str(sent.id)
+            except (OSError, aiohttp.ClientError) as exc:
+                raise SendFailed(f"Discord could not be reached: {exc}") from None
+            if not isinstance(sent, dict) or not _is_id(sent.get("id")):
+                raise SendFailed(f"Discord answered without a message id: {str(sent)[:200]}")
+            return str(sent["id"])
 
         pieces = [p for text in texts for p in split_message(text, MESSAGE_LIMIT)]
         await deliver(self.gateway, d, pieces, send, warning=warning)

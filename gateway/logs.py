@@ -54,6 +54,12 @@ def setup_logging(level: str, fmt: str) -> logging.Handler:
     replaces its own handler, not ones others installed. Returns the handler,
     for a caller that runs in-process (tests) to remove when done. Every line
     has the configured secrets masked (gateway/redact.py)."""
+    # No format here shows the thread or process: the logging HOWTO's
+    # "Optimization" flags spare each record (a decision line per message)
+    # looking them up.
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     handler = _Stderr()
     handler.addFilter(RedactingFilter())
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))

@@ -69,10 +69,21 @@ class Metrics:
             "botbouncer_store_degraded", "1 while the shared store is unreachable.", registry=r
         )
 
+        # labels() looks a child up under a lock; a decision per message
+        # keeps the few children it uses at hand instead
+        self._counted: dict[tuple[str, str, str, str, str], tuple[Counter, Counter]] = {}
+
     def decision(self, d: Decision, platform: str, seconds: float) -> None:
-        reason = d.reason.value if d.reason is not None else "none"
-        self.messages.labels(d.bot, platform, d.action.value, reason).inc()
-        self.turn_verdicts.labels(d.turn.value).inc()
+        reason = d.reason.value if d.reason else "none"
+        key = (d.bot, platform, d.action.value, reason, d.turn.value)
+        children = self._counted.get(key)
+        if children is None:
+            if len(self._counted) > 4096:  # bots x actions x reasons x verdicts: far fewer
+                self._counted.clear()
+            children = (self.messages.labels(*key[:4]), self.turn_verdicts.labels(key[4]))
+            self._counted[key] = children
+        children[0].inc()
+        children[1].inc()
         self.decision_seconds.observe(seconds)
 
     def render(self) -> bytes:

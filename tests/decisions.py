@@ -11,11 +11,13 @@ from typing import Any
 
 
 class Decisions(logging.Handler):
-    """Every decision the pipeline logs, awaitable by message id and bot."""
+    """Every decision the pipeline logs (own_message ones at DEBUG included),
+    awaitable by message id and bot."""
 
     def __init__(self) -> None:
-        super().__init__(logging.INFO)
+        super().__init__(logging.DEBUG)
         self.seen: list[dict[str, Any]] = []
+        self.levels: dict[tuple[str, str], int] = {}  # (id, bot) -> level logged at
         self.changed = asyncio.Condition()
         self.loop = asyncio.get_running_loop()
         self._notes: set[asyncio.Task[None]] = set()  # held until done
@@ -24,9 +26,14 @@ class Decisions(logging.Handler):
         decision = getattr(record, "decision", None)
         if decision is not None:
             self.seen.append(decision)
+            self.levels[(decision["id"], decision["bot"])] = record.levelno
             task = self.loop.create_task(self._notify())
             self._notes.add(task)
             task.add_done_callback(self._notes.discard)
+
+    def logged_at(self, message_id: int | str, bot: int | str) -> int:
+        """The level the decision on `message_id` by `bot` was logged at."""
+        return self.levels[(str(message_id), str(bot))]
 
     async def _notify(self) -> None:
         async with self.changed:
@@ -51,7 +58,7 @@ async def capture() -> AsyncIterator[Decisions]:
     handler = Decisions()
     logger = logging.getLogger("botbouncer.decision")
     old = logger.level
-    logger.setLevel(logging.INFO)
+    logger.setLevel(logging.DEBUG)
     logger.addHandler(handler)
     try:
         yield handler

@@ -242,10 +242,12 @@ DISCORD_ODDITIES = {
     "broken-mention-entry": Odd(_set(mentions=[{"username": "no id"}]), "drop"),
     "reply-to-a-deleted-message": Odd(_reply_to(None), "reply"),
     "reply-to-a-weird-bot-message": Odd(_reply_to(_weird_referenced), "reply"),
-    "reply-to-a-half-message": Odd(_reply_to({"id": "1", "content": "?"}), "ignored"),
+    # the adapter reads what it needs and leaves the rest: a person is answered
+    # whatever else the payload carries
+    "reply-to-a-half-message": Odd(_reply_to({"id": "1", "content": "?"}), "reply"),
     "reply-to-an-authorless-message": Odd(_reply_to(_authorless_referenced), "reply"),
     "garbage-embeds-and-attachments": Odd(
-        _set(embeds=[{"type": "weird", "fields": [{}]}], attachments=[{"id": "1"}]), "ignored"
+        _set(embeds=[{"type": "weird", "fields": [{}]}], attachments=[{"id": "1"}]), "reply"
     ),
 }
 

@@ -131,12 +131,12 @@ def config_text(settings: dict[str, Any], base: dict[str, Any]) -> str:
 
 @asynccontextmanager
 async def running(
-    tmp_path: Path, redis_url: str, *settings: dict[str, Any]
+    tmp_path: Path, redis_url: str, *settings: dict[str, Any], log_level: str = "info"
 ) -> AsyncIterator[list[RunningDaemon]]:
     """Daemons started at once, one per settings dict (store and listen are added;
     `admin_token` in settings goes under http, a `store` dict in settings keeps
     its other keys), ready when each logged where it listens; killed on the way
-    out if still running."""
+    out if still running. `log_level="debug"` logs own_message decisions too."""
     daemons: list[RunningDaemon] = []
     try:
         for i, s in enumerate(settings):
@@ -149,8 +149,8 @@ async def running(
             path.write_text(config_text(s, base))
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "gateway", "run", "-c", str(path), "--log-format", "json",
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.PIPE, cwd=ROOT,
+                "--log-level", log_level, stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, cwd=ROOT,
             )  # fmt: skip
             daemons.append(RunningDaemon(proc, path, base))
         ready = await asyncio.gather(

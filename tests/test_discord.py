@@ -8,6 +8,7 @@ platform side through the fake's recorded messages: nothing sleeps.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -113,6 +114,9 @@ async def test_a_mention_is_answered_and_the_reply_and_its_echo_are_one_turn(
         assert fake.typing == []  # the echo answered at once: no indicator
         echo = await decisions.wait(reply.id, BOT_A)  # the reply coming back from the gateway
         assert (echo["action"], echo["reason"], echo["soft"]) == ("drop", "own_message", 1)
+        # logged at debug: the reply's own decision line said it all
+        assert decisions.logged_at(reply.id, BOT_A) == logging.DEBUG
+        assert decisions.logged_at(said["id"], BOT_A) == logging.INFO
         assert await soft_of(d, GENERAL) == 1  # counted when sent; the echo added nothing
         # an unaddressed human message is not answered
         quiet = await fake.user_says(GENERAL, ALICE, "just chatting")

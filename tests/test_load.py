@@ -380,7 +380,8 @@ async def test_three_daemons_1000_chats_keep_every_invariant_and_flat_memory(
     main = new_chats("load", CHATS)
     connector = aiohttp.TCPConnector(limit=CONCURRENCY)
     async with (
-        running(tmp_path, private_redis, *[settings] * DAEMONS) as daemons,
+        # debug: a bot's own messages coming back are decisions to check too
+        running(tmp_path, private_redis, *[settings] * DAEMONS, log_level="debug") as daemons,
         aiohttp.ClientSession(connector=connector,
                               timeout=aiohttp.ClientTimeout(total=60)) as session,
     ):  # fmt: skip

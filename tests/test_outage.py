@@ -152,17 +152,21 @@ async def test_a_slow_call_while_others_are_answered_does_not_leave_redis(
 ) -> None:
     """A busy process (event loop late) times calls out on a healthy Redis:
     that call is decided locally, the store stays on Redis."""
-    real = store.primary.admit
-    held = asyncio.Event()
+    batches = store.primary._batch
+    assert batches is not None and store.primary.bounded  # its calls time out in their batch
+    real = batches._send
+    held, holding = asyncio.Event(), asyncio.Event()
 
-    async def admit(req: AdmitRequest) -> Any:
-        if req.msg.message_id == "slow":
-            await held.wait()  # late, as a call behind a busy event loop would be
-        return await real(req)
+    async def send(batch: list[tuple[tuple[Any, ...], asyncio.Future[Any]]]) -> None:
+        if any("slow" in args for args, _ in batch):
+            holding.set()
+            await held.wait()  # late, as a trip behind a busy event loop would be
+        await real(batch)
 
-    monkeypatch.setattr(store.primary, "admit", admit)
+    monkeypatch.setattr(batches, "_send", send)
     slow = AdmitRequest(replace(bot_turn().msg, message_id="slow"), "me", None, True, LIMITS)
     late = asyncio.create_task(store.admit(slow))
+    await holding.wait()  # its trip is on its way, alone
     for _ in range(3):
         await store.admit(bot_turn())  # Redis answers these meanwhile
     await late

@@ -123,7 +123,9 @@ class FailoverEngine:
         self, session: str, op: str, limits: str, payload: str, profile: str, now_ms: int | None
     ) -> list[str]:
         args = (session, op, limits, payload, profile, now_ms)
-        return await self.store.run(lambda: self.redis.run(*args), lambda: self.local.run(*args))
+        return await self.store.run(
+            lambda: self.redis.run(*args), lambda: self.local.run(*args), scripted=True
+        )
 
 
 def engine_for(store: Store) -> Engine:

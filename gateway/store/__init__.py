@@ -49,4 +49,5 @@ def open_store(url: str, *, timeout: float = 0.5, **kwargs: Any) -> Store:
     from gateway.store.failover import FailoverStore
     from gateway.store.redis import RedisStore
 
-    return FailoverStore(RedisStore.from_url(url, **kwargs), MemoryStore(**kwargs), timeout=timeout)
+    primary = RedisStore.from_url(url, call_timeout=timeout, **kwargs)
+    return FailoverStore(primary, MemoryStore(**kwargs), timeout=timeout)

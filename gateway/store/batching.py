@@ -5,6 +5,12 @@ go to Redis as one non-transactional pipeline: one write, one read, one pool
 checkout for the lot. Each call is still its own atomic script; only the trip
 is shared. With one call in flight nothing waits for company, so latency at
 low load is unchanged.
+
+With a `timeout`, a call not answered within that many seconds of its batch
+being flushed fails with TimeoutError, and the batch's trip is cancelled (its
+connection, with answers still owed, is closed, not reused). One timer per
+batch bounds every call in it and its write and reads: a client made for this
+(`socket_timeout=None`) then has no timer per write, per read or per call.
 """
 
 from __future__ import annotations
@@ -19,8 +25,11 @@ from redis.exceptions import NoScriptError, ResponseError
 
 
 class AutoPipeline:
-    def __init__(self, client: aioredis.Redis, max_batch: int = 8) -> None:
+    def __init__(
+        self, client: aioredis.Redis, max_batch: int = 8, timeout: float | None = None
+    ) -> None:
         self._client = client
+        self.timeout = timeout
         # Small batches keep several in flight, so Redis works on one while this
         # process handles the answers to another (one big batch alternates).
         self._max_batch = max_batch
@@ -42,7 +51,8 @@ class AutoPipeline:
         try:
             return await self.call("EVALSHA", script.sha, len(keys), *keys, *args)
         except NoScriptError:
-            await self._client.script_load(script.script)
+            async with asyncio.timeout(self.timeout):  # a rare trip, bounded like the rest
+                await self._client.script_load(script.script)
             return await self.call("EVALSHA", script.sha, len(keys), *keys, *args)
 
     def _flush(self) -> None:
@@ -52,6 +62,9 @@ class AutoPipeline:
         task = asyncio.ensure_future(self._send(batch))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
+        if self.timeout is not None:
+            expiry = asyncio.get_running_loop().call_later(self.timeout, _expire, batch, task)
+            task.add_done_callback(lambda _: expiry.cancel())
 
     async def _send(self, batch: list[tuple[tuple[Any, ...], asyncio.Future[Any]]]) -> None:
         """One write, then one reply per call, on one pooled connection.
@@ -91,6 +104,18 @@ class AutoPipeline:
                 raise
         finally:
             await pool.release(conn)
+
+
+Batch = list[tuple[tuple[Any, ...], "asyncio.Future[Any]"]]
+
+
+def _expire(batch: Batch, trip: asyncio.Task[None]) -> None:
+    """The batch's time is up: whoever still waits hears TimeoutError, and
+    the trip stops (closing its connection)."""
+    for args, fut in batch:
+        if not fut.done():
+            fut.set_exception(TimeoutError(f"redis did not answer {args[0]} in time"))
+    trip.cancel()
 
 
 def _pack(args: tuple[Any, ...]) -> bytes:

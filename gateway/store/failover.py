@@ -85,14 +85,24 @@ class FailoverStore:
         self,
         on_redis: Callable[[], Awaitable[T]],
         local: Callable[[], Awaitable[T]],
+        *,
+        scripted: bool = False,
     ) -> T:
         """`on_redis()` within the timeout, or `local()` when Redis is away or
-        fails now. Other parts on the same Redis (the agent guard) use this."""
+        fails now. Other parts on the same Redis (the agent guard) use this.
+
+        `scripted`: on_redis() is one script call (RedisStore's admit,
+        record_sent, release, call), which a RedisStore whose calls are
+        `bounded` times out by itself: no timer of its own then, on the path
+        every message takes."""
         if self.error is None:
             started = time.monotonic()
             try:
-                async with asyncio.timeout(self.timeout):
+                if scripted and self.primary.bounded:
                     out = await on_redis()
+                else:
+                    async with asyncio.timeout(self.timeout):
+                        out = await on_redis()
             except StoreError as exc:
                 self._degrade(str(exc))
             except TimeoutError:
@@ -150,11 +160,15 @@ class FailoverStore:
     # -- the Store protocol ----------------------------------------------
 
     async def admit(self, req: AdmitRequest) -> AdmitResult:
-        return await self.run(lambda: self.primary.admit(req), lambda: self.fallback.admit(req))
+        return await self.run(
+            lambda: self.primary.admit(req), lambda: self.fallback.admit(req), scripted=True
+        )
 
     async def record_sent(self, req: SentRequest) -> SentResult:
         return await self.run(
-            lambda: self.primary.record_sent(req), lambda: self.fallback.record_sent(req)
+            lambda: self.primary.record_sent(req),
+            lambda: self.fallback.record_sent(req),
+            scripted=True,
         )
 
     async def release(
@@ -163,6 +177,7 @@ class FailoverStore:
         await self.run(
             lambda: self.primary.release(chat, bot, message_id, log),
             lambda: self.fallback.release(chat, bot, message_id, log),
+            scripted=True,
         )
 
     async def status(

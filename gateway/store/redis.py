@@ -136,15 +136,22 @@ class _Cluster(RedisCluster):
             raise RedisConnectionError(f"redis cluster: {exc}") from exc
 
 
-def connect(url: str) -> aioredis.Redis | RedisCluster:
-    """A client for `redis://`, `rediss://` or `redis+cluster://` URLs."""
+def connect(url: str, *, socket_timeout: float | None = 5.0) -> aioredis.Redis | RedisCluster:
+    """A client for `redis://`, `rediss://` or `redis+cluster://` URLs.
+
+    `socket_timeout=None`: no timer per write or read, for a caller that
+    bounds every call itself (FailoverStore with a bounded RedisStore)."""
     if url.startswith("redis+cluster://"):
         return _Cluster.from_url("redis://" + url[len("redis+cluster://") :], decode_responses=True)
     # One immediate retry reconnects a pooled connection Redis dropped (a
     # restart); more would only keep a message waiting on a Redis that is gone,
     # which FailoverStore answers for locally instead.
     return aioredis.from_url(
-        url, decode_responses=True, retry=Retry(NoBackoff(), 1), socket_connect_timeout=2
+        url,
+        decode_responses=True,
+        retry=Retry(NoBackoff(), 1),
+        socket_connect_timeout=2,
+        socket_timeout=socket_timeout,
     )
 
 
@@ -160,6 +167,7 @@ class RedisStore:
         settings_ttl_seconds: float = 90 * 86400,
         context_size: int = 8,
         dedupe_entries: int = DEDUPE_ENTRIES,
+        call_timeout: float | None = None,
     ) -> None:
         self.client = client
         self.prefix = prefix
@@ -173,12 +181,24 @@ class RedisStore:
         self._sent = client.register_script(common + _lua("sent.lua"))
         self._release = client.register_script(_lua("release.lua"))
         # A cluster routes each call by its keys itself; one Redis shares trips.
-        self._batch = None if isinstance(client, RedisCluster) else AutoPipeline(client)
+        self._batch = (
+            None if isinstance(client, RedisCluster) else AutoPipeline(client, timeout=call_timeout)
+        )
         self._reset = client.register_script(_lua("reset.lua"))
 
     @classmethod
-    def from_url(cls, url: str, **kwargs: Any) -> RedisStore:
-        return cls(connect(url), **kwargs)
+    def from_url(cls, url: str, *, call_timeout: float | None = None, **kwargs: Any) -> RedisStore:
+        """With `call_timeout`, every script call is bounded by its batch's
+        timer, so the client keeps no timer per read; the store's other calls
+        (status, overrides, ping) are for the caller to bound (FailoverStore does)."""
+        client = connect(url, socket_timeout=None) if call_timeout else connect(url)
+        return cls(client, call_timeout=call_timeout, **kwargs)
+
+    @property
+    def bounded(self) -> bool:
+        """Whether every script call (admit, record_sent, release, call) fails
+        with TimeoutError by itself after `call_timeout` seconds."""
+        return self._batch is not None and self._batch.timeout is not None
 
     async def _run(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
         if self._batch is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -11,7 +12,7 @@ from redis.exceptions import ResponseError
 
 from gateway.store import AdmitRequest, Limits, Observed, StoreError
 from gateway.store.batching import AutoPipeline
-from gateway.store.redis import RedisStore
+from gateway.store.redis import RedisStore, connect
 from gateway.turns import Count
 from tests.redis_server import RedisServer
 
@@ -104,3 +105,40 @@ async def test_a_redis_never_reached_is_a_store_error_not_a_hang() -> None:
         assert all(isinstance(r, StoreError) for r in results), results
     finally:
         await store.close()
+
+
+# Keeps Redis busy for ARGV[1] ms (a script blocks the server while it runs).
+BUSY = """
+local t = redis.call('TIME')
+local start = t[1] * 1000000 + t[2]
+repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - start >= ARGV[1] * 1000
+return 'late'
+"""
+
+
+async def test_a_batch_past_its_timeout_fails_its_callers_and_its_connection_is_dropped() -> None:
+    """With a timeout, callers hear TimeoutError while Redis still works on the
+    batch; the answers it owes then never reach a later caller."""
+    server = RedisServer().start()
+    client = connect(server.url, socket_timeout=None)  # the batch's timer is the only one
+    other = aioredis.from_url(server.url)
+    auto = AutoPipeline(client, timeout=0.05)
+    try:
+        busy, echo = client.register_script(BUSY), client.register_script(ECHO)
+        await client.script_load(BUSY)
+        await client.script_load(ECHO)
+        started = time.monotonic()
+        results = await asyncio.gather(
+            auto.script(busy, [], [1000]), auto.script(echo, [], ["x"]), return_exceptions=True
+        )
+        assert all(isinstance(r, TimeoutError) for r in results), results
+        if auto._sending:
+            await asyncio.wait(auto._sending)  # the trip stops too, its connection closed
+        took = time.monotonic() - started
+        assert took < 1.0  # before Redis could have answered anything: the deadline did it
+        await other.ping()  # Redis is done with the busy script
+        assert await auto.script(echo, [], ["after"]) == "after"  # not the stale 'late'
+    finally:
+        await client.aclose()
+        await other.aclose()
+        server.stop()
