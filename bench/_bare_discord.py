@@ -3,7 +3,10 @@
     python bench/_bare_discord.py API_BASE GATEWAY_URL TOKEN
 
 A `discord.Client` with the default intents plus message_content that answers
-every message not written by a bot (itself included) with its own text. It is
+every message not written by a bot (itself included) with its own text, as a
+reply to it (`message.reply`): what botbouncer posts, so both contestants ask
+the same of the platform (a reply carries a message reference, and its echo
+the message it answers), as the Telegram bare bot's `reply_text` does. It is
 pointed at a fake Discord the way tests/fakes/discord.py's `pointed_at` does
 it: `Route.BASE` and `DiscordWebSocket.DEFAULT_GATEWAY` (a plain `Client`
 connects to DEFAULT_GATEWAY and never asks /gateway/bot). discord.py logs as
@@ -36,7 +39,7 @@ async def serve(token: str) -> None:
     async def on_message(message: discord.Message) -> None:
         if message.author == client.user or message.author.bot:
             return
-        await message.channel.send(message.content)
+        await message.reply(message.content)
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

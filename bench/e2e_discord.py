@@ -35,8 +35,9 @@ third store call; each of the two is a logged decision line.
 Beside the table: CPU ms per message of each process (from /proc and Redis's
 INFO cpu), the median over the counted rounds; "fake+driver" is this process,
 which serves both contestants and also works harder for (b) (a typing request,
-a reply reference). Before each run the fake forgets what it recorded and
-this process collects its garbage, so no run pays for an earlier one's heap.
+a reply reference). Before each run the fake forgets what it recorded, and
+this process collects its garbage between runs only (bench/_e2e.drive), so no
+run pays for this process's heap.
 
 It stops with a clear message (exit 2) when a contestant dies, posts a reply
 no waiting message owns, or stays silent for QUIET seconds; logs are kept then.
@@ -50,7 +51,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import os
 import platform
 import re
@@ -282,7 +282,6 @@ class Contestant:
     async def run(self) -> Run:
         self.run_no += 1
         self.fake.forget()
-        gc.collect()
         before = await self.cpu_now()
         run = await self.watched(
             drive(self.label, self.inject, self.replies), f"run {self.run_no}", QUIET

@@ -4,14 +4,17 @@ JSON logs. The same behaviour through a real process is in test_daemon_e2e.py.""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
+import os
+import signal
 from pathlib import Path
 
 import pytest
 
 from gateway.config import parse_config
-from gateway.daemon import Daemon, StartupError, reload_file, restart_needed
+from gateway.daemon import Daemon, StartupError, reload_file, restart_needed, serve
 from gateway.inflight import InFlight, ShuttingDown
 from gateway.logs import JsonFormatter
 from gateway.model import Action, Reason
@@ -177,3 +180,25 @@ async def test_json_log_lines_carry_the_decision() -> None:
     assert line["decision"]["id"] == "j1"
     assert line["decision"]["reason"] == "not_addressed"
     assert "ms" in line["decision"]
+
+
+async def test_serve_freezes_what_starting_made_out_of_the_collectors_way() -> None:
+    """A full collection walks only what messages make, not the modules,
+    config and clients the start made (its pause was a busy daemon's p99)."""
+    from tests.redis_server import free_port
+
+    config = parse_config(BASE + f"http: {{listen: '127.0.0.1:{free_port()}'}}\n")
+    gc.unfreeze()
+    ready = asyncio.Event()
+    task = asyncio.create_task(serve(config, on_ready=lambda _: ready.set()))
+    started = asyncio.create_task(ready.wait())
+    await asyncio.wait([task, started], return_when=asyncio.FIRST_COMPLETED)
+    if task.done():  # serve failed to start: say why instead of waiting for ever
+        started.cancel()
+        await task
+    try:
+        assert gc.get_freeze_count() > 10_000  # the interpreter, the libraries, the daemon
+    finally:
+        os.kill(os.getpid(), signal.SIGTERM)  # serve's own handler: a clean stop
+        await task
+        gc.unfreeze()
