@@ -9,12 +9,42 @@ tasks, then cancels the rest - and a cancelled message gives its slot back
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 
 class ShuttingDown(Exception):
     """New work refused: the daemon is stopping."""
+
+
+class _Tracked:
+    """`with inflight.track():` - a class, not a generator: it runs twice per message."""
+
+    __slots__ = ("_inflight", "_task")
+
+    def __init__(self, inflight: InFlight) -> None:
+        self._inflight = inflight
+        self._task: asyncio.Task[object] | None = None
+
+    def __enter__(self) -> None:
+        task = asyncio.current_task()
+        if task is None:  # pragma: no cover - always called from a task
+            return
+        tasks = self._inflight._tasks
+        if self._inflight.closed and task not in tasks:
+            raise ShuttingDown("the daemon is shutting down")
+        tasks[task] = tasks.get(task, 0) + 1
+        self._inflight._idle.clear()
+        self._task = task
+
+    def __exit__(self, *exc: object) -> None:
+        task = self._task
+        if task is None:  # pragma: no cover
+            return
+        tasks = self._inflight._tasks
+        depth = tasks.pop(task) - 1
+        if depth:
+            tasks[task] = depth
+        elif not tasks:
+            self._inflight._idle.set()
 
 
 class InFlight:
@@ -27,25 +57,9 @@ class InFlight:
     def __len__(self) -> int:
         return len(self._tasks)
 
-    @contextmanager
-    def track(self) -> Iterator[None]:
+    def track(self) -> _Tracked:
         """Mark the current task as in flight (re-entrant: an adapter may wrap handle())."""
-        task = asyncio.current_task()
-        if task is None:  # pragma: no cover - always called from a task
-            yield
-            return
-        if self.closed and task not in self._tasks:
-            raise ShuttingDown("the daemon is shutting down")
-        self._tasks[task] = self._tasks.get(task, 0) + 1
-        self._idle.clear()
-        try:
-            yield
-        finally:
-            depth = self._tasks.pop(task) - 1
-            if depth:
-                self._tasks[task] = depth
-            elif not self._tasks:
-                self._idle.set()
+        return _Tracked(self)
 
     async def idle(self) -> None:
         """Until nothing is in flight (what was being handled is done)."""

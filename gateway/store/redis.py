@@ -9,6 +9,7 @@ Cluster node; time comes from the Redis server unless a test injects a clock.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from importlib import resources
 from typing import Any
 
@@ -248,16 +249,14 @@ class RedisStore:
         except RedisError as exc:
             raise StoreError(f"redis admit failed: {exc}") from exc
         turn, soft, hard, action, reason, warn = out[:6]
-        limits = Limits(
-            soft_limit=int(out[6]),
-            hard_limit=int(out[7]),
-            max_replies=int(out[8]),
-            rate_window_ms=int(out[9]),
-            rate_applies=req.limits.rate_applies,
-            pair_max_events=req.limits.pair_max_events,
-            pair_window_ms=req.limits.pair_window_ms,
-            pair_cooldown_ms=req.limits.pair_cooldown_ms,
-        )
+        lim = req.limits
+        effective = (int(out[6]), int(out[7]), int(out[8]), int(out[9]))
+        limits = (
+            lim  # no override in this chat: the request's own (no new object per message)
+            if effective == (lim.soft_limit, lim.hard_limit, lim.max_replies, lim.rate_window_ms)
+            else replace(lim, soft_limit=effective[0], hard_limit=effective[1],
+                         max_replies=effective[2], rate_window_ms=effective[3])
+        )  # fmt: skip
         context: list[ContextEntry] = []
         if req.context > 0 and len(out) > 12:
             entries = [unpack_context(raw) for raw in reversed(out[12:])]
