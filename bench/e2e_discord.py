@@ -7,7 +7,9 @@ What runs:
   Each has one bot user, one guild with CHANNELS text channels and HUMANS
   human members.
 - (a) bench/_bare_discord.py: a `discord.Client` (default intents +
-  message_content) that sends every non-bot message's text back to its channel.
+  message_content) that answers every non-bot message with its text, as a
+  reply (`message.reply`: what botbouncer posts, so the platform does the same
+  work for both).
 - (b) `python -m gateway run -c <config>`: one Discord bot, `api_base` at the
   fake, the echo backend, `respond_to: mentions` (the default: every injected
   message mentions the bot, so both contestants get the very same traffic),
@@ -27,15 +29,15 @@ must be connected, (b) healthy (/healthz) and both must answer a probe message
 before the warm-up; then a warm-up run each and ROUNDS alternating rounds.
 
 What (b) does per message that (a) does not: two atomic Redis calls (admit,
-then `sent()` for the reply), a typing indicator (one more REST call) while
-the backend works, the reply posted as a reply with allowed_mentions, and for
-the echo of its own reply, which both bots receive and (a) drops at once, a
-third store call; each of the two is a logged decision line.
+then `sent()` for the reply), allowed_mentions on the reply, a logged
+decision line, and the decision on the echo of its own reply (which both bots
+receive and (a) drops at once): from what `sent()` counted, no store call,
+logged at DEBUG. A typing indicator would cost one more REST call, but only
+once the backend took 0.3 s, which the echo backend never does.
 
 Beside the table: CPU ms per message of each process (from /proc and Redis's
 INFO cpu), the median over the counted rounds; "fake+driver" is this process,
-which serves both contestants and also works harder for (b) (a typing request,
-a reply reference). Before each run the fake forgets what it recorded, and
+which serves both contestants. Before each run the fake forgets what it recorded, and
 this process collects its garbage between runs only (bench/_e2e.drive), so no
 run pays for this process's heap.
 
@@ -357,7 +359,7 @@ async def measure(url: str, private: bool) -> str:
         for c in (bare, bb):
             print(f"  {c.cpu_line()}")
         print(f"b's log: {lines(bb.log)} lines for {bb.fake.answered} replies (a decision "
-              "for each message and for each echo of its own reply)")  # fmt: skip
+              "line for each message; the echoes of its own replies are at DEBUG)")  # fmt: skip
         ok = True
         return last
     finally:
