@@ -23,6 +23,9 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 
+# Calls sent in one write: each call's arguments and the future its caller awaits.
+Batch = list[tuple[tuple[Any, ...], "asyncio.Future[Any]"]]
+
 
 class AutoPipeline:
     def __init__(
@@ -33,7 +36,7 @@ class AutoPipeline:
         # Small batches keep several in flight, so Redis works on one while this
         # process handles the answers to another (one big batch alternates).
         self._max_batch = max_batch
-        self._queue: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
+        self._queue: Batch = []
         self._sending: set[asyncio.Task[None]] = set()
 
     async def call(self, *args: Any) -> Any:
@@ -66,7 +69,7 @@ class AutoPipeline:
             expiry = asyncio.get_running_loop().call_later(self.timeout, _expire, batch, task)
             task.add_done_callback(lambda _: expiry.cancel())
 
-    async def _send(self, batch: list[tuple[tuple[Any, ...], asyncio.Future[Any]]]) -> None:
+    async def _send(self, batch: Batch) -> None:
         """One write, then one reply per call, on one pooled connection.
 
         Not retried on a connection error: a call that did run would come back
@@ -106,16 +109,15 @@ class AutoPipeline:
             await pool.release(conn)
 
 
-Batch = list[tuple[tuple[Any, ...], "asyncio.Future[Any]"]]
-
-
 def _expire(batch: Batch, trip: asyncio.Task[None]) -> None:
     """The batch's time is up: whoever still waits hears TimeoutError, and
-    the trip stops (closing its connection)."""
-    for args, fut in batch:
-        if not fut.done():
-            fut.set_exception(TimeoutError(f"redis did not answer {args[0]} in time"))
-    trip.cancel()
+    the trip stops (closing its connection, answers still owed on it). A trip
+    whose answers all came is left to give its connection back."""
+    waiting = [(args, fut) for args, fut in batch if not fut.done()]
+    for args, fut in waiting:
+        fut.set_exception(TimeoutError(f"redis did not answer {args[0]} in time"))
+    if waiting:
+        trip.cancel()
 
 
 def _pack(args: tuple[Any, ...]) -> bytes:
