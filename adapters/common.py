@@ -147,6 +147,17 @@ async def deliver(
     what was sent is already counted. Nothing is retried here: a platform
     library that retries does so only where nothing was delivered.
     """
+    with gateway.sending(d.chat):
+        return await _deliver(gateway, d, pieces, send, warning)
+
+
+async def _deliver(
+    gateway: Gateway,
+    d: Decision,
+    pieces: Iterable[str],
+    send: Callable[[str, int], Awaitable[str]],
+    warning: bool,
+) -> int:
     first, sent = not warning, 0
     for piece in pieces:
         try:

@@ -256,7 +256,7 @@ class DiscordAdapter:
             log.warning("bot %s: could not read message %s from Discord (%s); ignored",
                         self.bot.name, what, exc)  # fmt: skip
             return
-        if self.gateway.echo(msg) is not None:
+        if self.gateway.echo(msg):
             return
         guild = data.get("guild_id")
         task = asyncio.ensure_future(

@@ -39,7 +39,12 @@ class Decisions(logging.Handler):
         async with self.changed:
             self.changed.notify_all()
 
-    async def wait(self, message_id: int | str, bot: int, timeout: float = 10) -> dict[str, Any]:  # noqa: ASYNC109
+    async def wait(
+        self,
+        message_id: int | str,
+        bot: int | str,
+        timeout: float = 10,  # noqa: ASYNC109
+    ) -> dict[str, Any]:
         def found() -> dict[str, Any] | None:
             return next(
                 (d for d in self.seen if d["id"] == str(message_id) and d["bot"] == str(bot)),
