@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from datetime import UTC, datetime
 
 from gateway.redact import RedactingFilter
@@ -32,6 +33,23 @@ class JsonFormatter(logging.Formatter):
             # exc_text: the traceback as RedactingFilter left it, secrets masked
             out["exception"] = record.exc_text or self.formatException(record.exc_info)
         return json.dumps(out, ensure_ascii=False, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """TEXT_FORMAT, its time's date part made once a second: time.strftime
+    for every line was a tenth of what a decision line costs."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+        self._stamp = (-1, "")  # (second, its strftime): one attribute, so threads agree
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        second = int(record.created)
+        stamp = self._stamp
+        if stamp[0] != second:
+            stamp = (second, time.strftime(self.default_time_format, self.converter(second)))
+            self._stamp = stamp
+        return f"{stamp[1]},{int(record.msecs):03d}"  # logging's default_msec_format
 
 
 class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
@@ -62,7 +80,7 @@ def setup_logging(level: str, fmt: str) -> logging.Handler:
     logging.logMultiprocessing = False
     handler = _Stderr()
     handler.addFilter(RedactingFilter())
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [h for h in root.handlers if not isinstance(h, _Stderr)] + [handler]
     root.setLevel(level.upper())

@@ -321,7 +321,7 @@ class Gateway:
                 self.metrics.backend_seconds.observe(time.perf_counter() - t0)
         if not replies:
             return await self._silent(base, Reason.BACKEND_EMPTY, started)
-        return self._logged(replace(base, replies=tuple(replies)), started)
+        return self._logged(base.with_replies(tuple(replies)), started)
 
     async def _silent(self, base: Decision, reason: Reason, started: float) -> Decision:
         """Nothing will be sent: give the slot back and say why."""

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import signal
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,8 @@ import pytest
 from gateway.config import parse_config
 from gateway.daemon import Daemon, StartupError, reload_file, restart_needed, serve
 from gateway.inflight import InFlight, ShuttingDown
-from gateway.logs import JsonFormatter
-from gateway.model import Action, Reason
+from gateway.logs import TEXT_FORMAT, JsonFormatter, TextFormatter
+from gateway.model import Action, Decision, Reason, Turn
 from gateway.pipeline import Gateway
 from gateway.store import Store
 from tests.test_pipeline import ROOM, Held, bot_config, human
@@ -180,6 +181,24 @@ async def test_json_log_lines_carry_the_decision() -> None:
     assert line["decision"]["id"] == "j1"
     assert line["decision"]["reason"] == "not_addressed"
     assert "ms" in line["decision"]
+
+
+def test_text_log_lines_read_as_the_plain_formatter_writes_them() -> None:
+    """TextFormatter makes the date once a second: each line still says its
+    own time, across second and minute boundaries, as logging's Formatter."""
+    plain, fast = logging.Formatter(TEXT_FORMAT), TextFormatter()
+    for created in (1_790_000_000.001, 1_790_000_000.999, 1_790_000_001.0, 1_790_000_059.5,
+                    1_790_000_060.25, 1_790_000_000.5):  # fmt: skip
+        record = logging.LogRecord("botbouncer.decision", logging.INFO, __file__, 1,
+                                   "decision %s", ("x",), None)  # fmt: skip
+        record.created, record.msecs = created, (created - int(created)) * 1000 // 1
+        assert fast.format(record) == plain.format(record)
+
+
+def test_a_decision_with_replies_keeps_every_other_field() -> None:
+    d = Decision("b", "m1", "http:room", "alice", Action.WARN, Reason.TURN_SOFT_LIMIT,
+                 Turn.SOFT_LIMIT, 3, 4, warning="slow down", replies=("old",), at=12.5)  # fmt: skip
+    assert d.with_replies(("a", "b")) == replace(d, replies=("a", "b"))
 
 
 async def test_serve_freezes_what_starting_made_out_of_the_collectors_way() -> None:
