@@ -16,6 +16,7 @@ batch bounds every call in it and its write and reads: a client made for this
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 import hiredis
@@ -49,7 +50,7 @@ class AutoPipeline:
             loop.call_soon(self._flush)
         return await fut
 
-    async def script(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
+    async def script(self, script: AsyncScript, keys: Sequence[str], args: list[Any]) -> Any:
         """EVALSHA, loading the script once if Redis lost it (restart, SCRIPT FLUSH)."""
         try:
             return await self.call("EVALSHA", script.sha, len(keys), *keys, *args)

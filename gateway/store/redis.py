@@ -9,6 +9,8 @@ Cluster node; time comes from the Redis server unless a test injects a clock.
 from __future__ import annotations
 
 import json
+import struct
+from collections.abc import Sequence
 from dataclasses import replace
 from importlib import resources
 from typing import Any
@@ -50,12 +52,24 @@ _OVERRIDE_FIELDS = ("soft_limit", "hard_limit", "max_replies", "rate_window_ms")
 LOG_FIELDS = ("at", "bot", "id", "author", "action", "reason", "turn", "soft", "hard")
 
 
+# Chats whose key names a store keeps formatted (then it starts afresh).
+KEYS_KEPT = 4096
+
+# The policy argument of admit.lua and sent.lua (common.lua unpacks it).
+POLICY = struct.Struct("<13d")
+
+
+_LOG_KEYS = frozenset(LOG_FIELDS)
+# one encoder for every entry (json.dumps with options makes one per call)
+_compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
 def pack_log(entry: dict[str, Any]) -> str:
-    if entry.keys() != set(LOG_FIELDS):  # not a Decision's entry: kept as given
-        return json.dumps(entry, separators=(",", ":"), ensure_ascii=False)
+    if entry.keys() != _LOG_KEYS:  # not a Decision's entry: kept as given
+        return _compact(entry)
     values = [entry[f] for f in LOG_FIELDS]
     values[0] = round(values[0] * 1000)
-    return json.dumps(values, separators=(",", ":"), ensure_ascii=False)
+    return _compact(values)
 
 
 def unpack_log(raw: str | bytes) -> dict[str, Any]:
@@ -86,9 +100,11 @@ def _tag(chat: str) -> str:
 class ChatKeys:
     """Every Redis key of one chat; the `{…}` hash tag keeps them on one slot."""
 
-    __slots__ = ("base", "cfg", "ctx", "holds", "idq", "ids", "log", "pairs", "state")
+    __slots__ = ("_common", "base", "cfg", "ctx", "holds", "idq", "ids", "log", "pairs", "prefix",
+                 "state")  # fmt: skip
 
     def __init__(self, prefix: str, chat: str) -> None:
+        self.prefix = prefix
         self.base = f"{prefix}:{{{_tag(chat)}}}"
         self.state = f"{self.base}:st"
         self.cfg = f"{self.base}:cfg"
@@ -98,22 +114,17 @@ class ChatKeys:
         self.ctx = f"{self.base}:ctx"
         self.log = f"{self.base}:log"
         self.holds = f"{self.base}:ho"
+        self._common: tuple[str | None, tuple[str, ...]] = (None, ())
 
     def rate(self, bot: str) -> str:
         return f"{self.base}:r:{bot}"
 
-    def common(self, bot: str) -> list[str]:
-        return [
-            self.state,
-            self.cfg,
-            self.ids,
-            self.idq,
-            self.pairs,
-            self.ctx,
-            self.log,
-            self.rate(bot),
-            self.holds,
-        ]
+    def common(self, bot: str) -> tuple[str, ...]:
+        """KEYS of admit.lua and sent.lua for `bot` (kept for the last bot asked)."""
+        if self._common[0] != bot:
+            self._common = (bot, (self.state, self.cfg, self.ids, self.idq, self.pairs,
+                                  self.ctx, self.log, self.rate(bot), self.holds))  # fmt: skip
+        return self._common[1]
 
 
 class _Cluster(RedisCluster):
@@ -176,7 +187,8 @@ class RedisStore:
         self._settings_ttl = int(settings_ttl_seconds * 1000)
         self._context_size = context_size
         self._dedupe = dedupe_entries
-        self._packed: dict[Limits, str] = {}
+        self._packed: dict[Limits, bytes] = {}
+        self._keys: dict[str, ChatKeys] = {}
         common = _lua("common.lua")
         self._admit = client.register_script(common + _lua("admit.lua"))
         self._sent = client.register_script(common + _lua("sent.lua"))
@@ -201,7 +213,7 @@ class RedisStore:
         with TimeoutError by itself after `call_timeout` seconds."""
         return self._batch is not None and self._batch.timeout is not None
 
-    async def _run(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
+    async def _run(self, script: AsyncScript, keys: Sequence[str], args: list[Any]) -> Any:
         if self._batch is None:
             return await script(keys=keys, args=args)
         return await self._batch.script(script, keys, args)
@@ -212,19 +224,28 @@ class RedisStore:
         return await self._run(script, keys, args)
 
     def keys(self, chat: str) -> ChatKeys:
-        return ChatKeys(self.prefix, chat)
+        """The chat's keys, kept for the chats in play (every admit and sent
+        of a chat would otherwise format the same nine names)."""
+        keys = self._keys.get(chat)
+        if keys is None or keys.prefix != self.prefix:
+            if len(self._keys) >= KEYS_KEPT:
+                self._keys.clear()
+            keys = self._keys[chat] = ChatKeys(self.prefix, chat)
+        return keys
 
-    def _policy(self, lim: Limits) -> str:
-        """The constant part of a script call as one argument, built once per Limits."""
+    def _policy(self, lim: Limits) -> bytes:
+        """The constant part of a script call as one argument, built once per
+        Limits: 13 little-endian doubles, which Lua's struct.unpack reads in
+        C (parsing them from text in Lua cost a tenth of the script)."""
         packed = self._packed.get(lim)
         if packed is None:
-            packed = " ".join(str(v) for v in (
+            packed = POLICY.pack(
                 lim.soft_limit, lim.hard_limit, lim.max_replies, lim.rate_window_ms,
                 1 if lim.rate_applies else 0,
                 lim.pair_max_events, lim.pair_window_ms, lim.pair_cooldown_ms,
                 self._state_ttl, self._settings_ttl, self._context_size, self._dedupe,
                 DECISION_LOG_SIZE,
-            ))  # fmt: skip
+            )  # fmt: skip
             if len(self._packed) > 1024:  # limits come from config: a handful at most
                 self._packed.clear()
             self._packed[lim] = packed

@@ -15,9 +15,12 @@ local LATE_REASON = {soft_limit = 'turn_throttled', throttled = 'turn_throttled'
 
 local function finish(action, reason, turn, soft, hard, warn, reserved, ctx)
   if action ~= '' then
-    -- positional, as RedisStore packs and reads log entries (LOG_FIELDS)
-    push_log(cjson.encode({now, BOT, MSG_ID, AUTHOR, action,
-      reason == '' and cjson.null or reason, turn, soft, hard}))
+    -- positional, as RedisStore packs and reads log entries (LOG_FIELDS); the
+    -- numbers spliced in as int() makes them (cjson would sprintf "%.14g")
+    local texts = cjson.encode({BOT, MSG_ID, AUTHOR, action,
+      reason == '' and cjson.null or reason, turn})
+    push_log('[' .. NOW .. ',' .. string.sub(texts, 2, -2) .. ',' .. int(soft) .. ','
+      .. int(hard) .. ']')
   end
   local out = {turn, soft, hard, action, reason, warn, L.soft, L.hard, L.max_replies,
     L.rate_window, reserved, now}
@@ -40,7 +43,7 @@ if LOCAL == 'own_message' or LOCAL == 'system_message' then
 end
 if not PAUSED and (turn == 'soft_limit' or turn == 'hard_limit') then
   local threshold = turn == 'soft_limit' and 'soft' or 'hard'
-  local claim = threshold .. ':' .. (threshold == 'soft' and L.soft or L.hard)
+  local claim = threshold .. ':' .. int(threshold == 'soft' and L.soft or L.hard)
   local st = redis.call('HMGET', K_STATE, 'epoch', 'sp:' .. BOT, claim)
   local epoch = st[1] or '0'
   if st[2] == epoch and st[3] ~= epoch then
@@ -77,19 +80,19 @@ if kind == 'b' then
 end
 local reserved = 0
 if L.rate_applies then
-  redis.call('ZREMRANGEBYSCORE', K_RATE, '-inf', now - L.rate_window)
+  redis.call('ZREMRANGEBYSCORE', K_RATE, '-inf', int(now - L.rate_window))
   if redis.call('ZCARD', K_RATE) >= L.max_replies then
     return finish('drop', 'rate_capped', turn, soft, hard, '', 0)
   end
-  redis.call('ZADD', K_RATE, now, MSG_ID)
-  redis.call('PEXPIRE', K_RATE, L.rate_window)
+  redis.call('ZADD', K_RATE, NOW, MSG_ID)
+  redis.call('PEXPIRE', K_RATE, int(L.rate_window))
   reserved = 1
 end
 if HOLD_MS > 0 then
-  redis.call('ZREMRANGEBYSCORE', K_HOLDS, '-inf', now)
-  redis.call('ZADD', K_HOLDS, now + HOLD_MS, HOLD)
-  if redis.call('PTTL', K_HOLDS) < HOLD_MS then redis.call('PEXPIRE', K_HOLDS, HOLD_MS) end
+  redis.call('ZREMRANGEBYSCORE', K_HOLDS, '-inf', NOW)
+  redis.call('ZADD', K_HOLDS, int(now + HOLD_MS), HOLD)
+  if redis.call('PTTL', K_HOLDS) < HOLD_MS then redis.call('PEXPIRE', K_HOLDS, int(HOLD_MS)) end
 end
 local ctx = {}
-if WANT_CTX > 0 then ctx = redis.call('LRANGE', K_CTX, 0, WANT_CTX) end
+if WANT_CTX > 0 then ctx = redis.call('LRANGE', K_CTX, '0', int(WANT_CTX)) end
 return finish('', '', turn, soft, hard, '', reserved, ctx)

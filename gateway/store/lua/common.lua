@@ -3,10 +3,11 @@
 --       9 turn holds
 -- ARGV: 1 now_ms ("" = server TIME)  2 message id  3 author  4 author name
 --       5 count kind (b|r|n)  6 text  7 this bot
---       8 the policy, space-separated integers (constant per bot and chat kind, so
---         the client sends one argument instead of thirteen): soft_limit hard_limit
---         max_replies rate_window_ms rate_applies(1|0) pair_max_events pair_window_ms
---         pair_cooldown_ms state_ttl_ms settings_ttl_ms context_size dedupe_entries log_size
+--       8 the policy, 13 little-endian doubles (constant per bot and chat kind, so
+--         the client sends one argument instead of thirteen, read in C): soft_limit
+--         hard_limit max_replies rate_window_ms rate_applies(1|0) pair_max_events
+--         pair_window_ms pair_cooldown_ms state_ttl_ms settings_ttl_ms context_size
+--         dedupe_entries log_size
 --       9 the prefix of the author's turn holds (base.hold_name)
 -- Times are integer milliseconds, as in the memory store.
 local K_STATE, K_CFG, K_IDS, K_IDQ, K_PAIRS, K_CTX, K_LOG, K_RATE, K_HOLDS =
@@ -19,12 +20,17 @@ if ARGV[1] == '' then
 else
   now = tonumber(ARGV[1])
 end
+-- Numbers reach redis.call as strings made by int(): Lua's own conversion is
+-- sprintf("%.14g"), which costs several times "%d" and was a tenth of what
+-- Redis spent on a message.
+local function int(n) return string.format('%d', n) end
+local NOW = int(now)
 local MSG_ID, AUTHOR, NAME, KIND, TEXT, BOT = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local AUTHOR_HOLDS = ARGV[9]
-local P = {}
-for v in string.gmatch(ARGV[8], '%d+') do P[#P + 1] = tonumber(v) end
+local P = {struct.unpack('<ddddddddddddd', ARGV[8])}
 local STATE_TTL, SETTINGS_TTL = P[9], P[10]
 local CTX_SIZE, DEDUPE, LOG_SIZE = P[11], P[12], P[13]
+local TTL = int(STATE_TTL)
 
 -- Per-chat overrides set by an admin replace the bot's configured limits.
 local cfg = redis.call('HMGET', K_CFG, 'paused', 'soft_limit', 'hard_limit', 'max_replies',
@@ -41,7 +47,7 @@ local L = {
   pair_cooldown = P[8],
 }
 if cfg[1] or cfg[2] or cfg[3] or cfg[4] or cfg[5] then
-  redis.call('PEXPIRE', K_CFG, SETTINGS_TTL)
+  redis.call('PEXPIRE', K_CFG, int(SETTINGS_TTL))
 end
 
 local function pair_name(a, b)
@@ -71,8 +77,8 @@ local function new_record(record)
   if redis.call('RPUSH', K_IDQ, MSG_ID) > DEDUPE then
     redis.call('HDEL', K_IDS, redis.call('LPOP', K_IDQ))
   end
-  redis.call('PEXPIRE', K_IDS, STATE_TTL)
-  redis.call('PEXPIRE', K_IDQ, STATE_TTL)
+  redis.call('PEXPIRE', K_IDS, TTL)
+  redis.call('PEXPIRE', K_IDQ, TTL)
 end
 
 local function split_record(rec)
@@ -98,20 +104,20 @@ local function exchange(pair)
       if tonumber(t) > now - L.pair_window then kept[#kept + 1] = t end
     end
   end
-  kept[#kept + 1] = tostring(now)
+  kept[#kept + 1] = NOW
   local first = math.max(1, #kept - L.pair_max)
   redis.call('HSET', K_PAIRS, field, table.concat(kept, ',', first, #kept))
   if #kept > L.pair_max then
-    redis.call('HSET', K_PAIRS, 'c:' .. pair, now + L.pair_cooldown)
+    redis.call('HSET', K_PAIRS, 'c:' .. pair, int(now + L.pair_cooldown))
   end
-  redis.call('PEXPIRE', K_PAIRS, math.max(L.pair_window, L.pair_cooldown) + 1000)
+  redis.call('PEXPIRE', K_PAIRS, int(math.max(L.pair_window, L.pair_cooldown) + 1000))
 end
 
 -- Turn holds: a sorted set of "this bot will answer that message" (hold_name),
 -- scored by when the hold lapses. A bot message sees the chat as it will be once
 -- every held answer is sent.
 local function holds_ahead()
-  return redis.call('ZCOUNT', K_HOLDS, '(' .. now, '+inf')
+  return redis.call('ZCOUNT', K_HOLDS, '(' .. NOW, '+inf')
 end
 
 -- A new bot turn fills one hold of its author: the hold for the message it
@@ -139,31 +145,31 @@ local function count(seen, mark, answered)
     local st = redis.call('HMGET', K_STATE, 'soft', 'hard', 'epoch', 'last')
     soft, hard = (tonumber(st[1]) or 0) + 1, (tonumber(st[2]) or 0) + 1
     local last = st[4]
-    redis.call('HSET', K_STATE, 'soft', soft, 'hard', hard, 'sp:' .. AUTHOR, st[3] or '0',
-      'last', AUTHOR)
+    redis.call('HSET', K_STATE, 'soft', int(soft), 'hard', int(hard), 'sp:' .. AUTHOR,
+      st[3] or '0', 'last', AUTHOR)
     if last and last ~= AUTHOR then exchange(pair_name(AUTHOR, last)) end
-    redis.call('PEXPIRE', K_STATE, STATE_TTL)
+    redis.call('PEXPIRE', K_STATE, TTL)
   elseif KIND == 'r' then
     if redis.call('EXISTS', K_STATE) == 1 then
-      redis.call('HSET', K_STATE, 'soft', 0, 'hard', 0)
-      redis.call('HINCRBY', K_STATE, 'epoch', 1)
-      redis.call('PEXPIRE', K_STATE, STATE_TTL)
+      redis.call('HSET', K_STATE, 'soft', '0', 'hard', '0')
+      redis.call('HINCRBY', K_STATE, 'epoch', '1')
+      redis.call('PEXPIRE', K_STATE, TTL)
     end
   else
     local c = redis.call('HMGET', K_STATE, 'soft', 'hard')
     soft, hard = tonumber(c[1] or '0'), tonumber(c[2] or '0')
   end
-  new_record(KIND .. ' ' .. soft .. ' ' .. hard .. '|' .. mark)
+  new_record(KIND .. ' ' .. int(soft) .. ' ' .. int(hard) .. '|' .. mark)
   if KIND ~= 'n' and CTX_SIZE > 0 then
     -- positional: id, author, name, bot, text (RedisStore reads it)
     redis.call('LPUSH', K_CTX, cjson.encode({MSG_ID, AUTHOR, NAME, KIND == 'b', TEXT}))
-    redis.call('LTRIM', K_CTX, 0, CTX_SIZE)
-    redis.call('PEXPIRE', K_CTX, STATE_TTL)
+    redis.call('LTRIM', K_CTX, '0', int(CTX_SIZE))
+    redis.call('PEXPIRE', K_CTX, TTL)
   end
   return KIND, soft, hard
 end
 
 local function push_log(entry_json)
   if redis.call('LPUSH', K_LOG, entry_json) > LOG_SIZE then redis.call('RPOP', K_LOG) end
-  redis.call('PEXPIRE', K_LOG, STATE_TTL)
+  redis.call('PEXPIRE', K_LOG, TTL)
 end

@@ -6,7 +6,8 @@ redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[5])
 if ARGV[2] ~= '' then
   redis.call('LPUSH', KEYS[2], ARGV[2])
-  redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[3]) - 1)
-  redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[4]))
+  -- numbers as strings: Lua would sprintf them with "%.14g" (see common.lua)
+  redis.call('LTRIM', KEYS[2], '0', string.format('%d', tonumber(ARGV[3]) - 1))
+  redis.call('PEXPIRE', KEYS[2], ARGV[4])
 end
 return 1
