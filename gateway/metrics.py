@@ -3,19 +3,31 @@
 A registry per daemon rather than the process-global one keeps two daemons in
 one test process (or one process reloaded) from sharing or double-registering
 counters.
+
+The metrics every message moves (messages, turn verdicts and the three
+latency histograms) are plain numbers, kept on the event loop's thread (the
+only one that decides or scrapes), and become metric families when scraped:
+a custom collector, prometheus-client's own way to expose numbers kept
+elsewhere. Its Counter and Histogram take a lock and check their state on
+every update, and the seven updates of an answered message cost as many
+instructions as the rest of its decision's bookkeeping (bench/README.md).
 """
 
 from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Iterator
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
-    Histogram,
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.utils import floatToGoString
 
 from gateway.model import Decision
 
@@ -28,19 +40,66 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
+class Timing:
+    """A histogram without labels, as prometheus-client's Histogram exposes
+    it: observe() is one bisect and two additions."""
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.bounds = buckets
+        self._counts = [0] * (len(buckets) + 1)  # the last: above every bound (+Inf)
+        self._sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self._counts[bisect_left(self.bounds, seconds)] += 1  # le: the first bound >= it
+        self._sum += seconds
+
+    def family(self) -> HistogramMetricFamily:
+        buckets, total = [], 0
+        for bound, n in zip(
+            [*map(floatToGoString, self.bounds), "+Inf"], self._counts, strict=True
+        ):
+            total += n
+            buckets.append((bound, total))
+        return HistogramMetricFamily(
+            self.name, self.documentation, buckets=buckets, sum_value=self._sum
+        )
+
+
+class _PerMessage:
+    """The collector of the per-message metrics (registered with the registry)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._m = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        m = self._m
+        messages = CounterMetricFamily(
+            "botbouncer_messages", "Decisions taken, by bot, platform, action and reason code.",
+            labels=["bot", "platform", "action", "reason"],
+        )  # fmt: skip
+        for key, n in m.message_counts.items():
+            messages.add_metric(list(key), n)
+        yield messages
+        verdicts = CounterMetricFamily(
+            "botbouncer_turn_verdicts",
+            "Turn verdicts of decisions (a message seen by two bots counts twice).",
+            labels=["verdict"],
+        )
+        for verdict, n in m.verdict_counts.items():
+            verdicts.add_metric([verdict], n)
+        yield verdicts
+        for timing in (m.classifier_seconds, m.backend_seconds, m.decision_seconds):
+            yield timing.family()
+
+
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        self.messages = Counter(
-            "botbouncer_messages", "Decisions taken, by bot, platform, action and reason code.",
-            ["bot", "platform", "action", "reason"], registry=r,
-        )  # fmt: skip
-        self.turn_verdicts = Counter(
-            "botbouncer_turn_verdicts",
-            "Turn verdicts of decisions (a message seen by two bots counts twice).",
-            ["verdict"], registry=r,
-        )  # fmt: skip
+        self.message_counts: dict[tuple[str, str, str, str], int] = {}
+        self.verdict_counts: dict[str, int] = {}
         self.classifier_calls = Counter(
             "botbouncer_classifier_calls",
             "Reply-decision calls by result: reply, skip, or error (failed open).",
@@ -48,19 +107,18 @@ class Metrics:
         )  # fmt: skip
         for result in ("reply", "skip", "error"):
             self.classifier_calls.labels(result)
-        self.classifier_seconds = Histogram(
-            "botbouncer_classifier_seconds", "Reply-decision call latency.",
-            buckets=SLOW_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.backend_seconds = Histogram(
-            "botbouncer_backend_seconds", "Backend call latency, failures included.",
-            buckets=SLOW_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.decision_seconds = Histogram(
+        self.classifier_seconds = Timing(
+            "botbouncer_classifier_seconds", "Reply-decision call latency.", SLOW_BUCKETS
+        )
+        self.backend_seconds = Timing(
+            "botbouncer_backend_seconds", "Backend call latency, failures included.", SLOW_BUCKETS
+        )
+        self.decision_seconds = Timing(
             "botbouncer_decision_seconds",
             "Time from a message to its decision, classifier and backend included.",
-            buckets=FAST_BUCKETS, registry=r,
-        )  # fmt: skip
+            FAST_BUCKETS,
+        )
+        r.register(_PerMessage(self))
         self.guard_checks = Counter(
             "botbouncer_guard_checks", "Agent guard answers, by decision and reason code.",
             ["decision", "reason"], registry=r,
@@ -69,21 +127,12 @@ class Metrics:
             "botbouncer_store_degraded", "1 while the shared store is unreachable.", registry=r
         )
 
-        # labels() looks a child up under a lock; a decision per message
-        # keeps the few children it uses at hand instead
-        self._counted: dict[tuple[str, str, str, str, str], tuple[Counter, Counter]] = {}
-
     def decision(self, d: Decision, platform: str, seconds: float) -> None:
-        reason = d.reason.value if d.reason else "none"
-        key = (d.bot, platform, d.action.value, reason, d.turn.value)
-        children = self._counted.get(key)
-        if children is None:
-            if len(self._counted) > 4096:  # bots x actions x reasons x verdicts: far fewer
-                self._counted.clear()
-            children = (self.messages.labels(*key[:4]), self.turn_verdicts.labels(key[4]))
-            self._counted[key] = children
-        children[0].inc()
-        children[1].inc()
+        key = (d.bot, platform, d.action.value, d.reason.value if d.reason else "none")
+        counts = self.message_counts
+        counts[key] = counts.get(key, 0) + 1
+        verdicts = self.verdict_counts
+        verdicts[d.turn.value] = verdicts.get(d.turn.value, 0) + 1
         self.decision_seconds.observe(seconds)
 
     def render(self) -> bytes:
