@@ -39,6 +39,11 @@ class AutoPipeline:
         self._max_batch = max_batch
         self._queue: Batch = []
         self._sending: set[asyncio.Task[None]] = set()
+        # Connections kept between trips: taken from the client's pool once and
+        # reused, not checked out and back per trip (redis-py's pool locks,
+        # re-checks the socket and reports the move each time). A connection
+        # that failed goes back to the pool, disconnected.
+        self._idle: list[Any] = []
 
     async def call(self, *args: Any) -> Any:
         loop = asyncio.get_running_loop()
@@ -78,7 +83,7 @@ class AutoPipeline:
         """
         pool = self._client.connection_pool
         try:
-            conn = await pool.get_connection()  # type: ignore[no-untyped-call]
+            conn = self._idle.pop() if self._idle else await pool.get_connection()  # type: ignore[no-untyped-call]
         except BaseException as exc:  # no connection at all (Redis down): every caller hears it
             for _, fut in batch:
                 if not fut.done():
@@ -100,14 +105,17 @@ class AutoPipeline:
                 else:
                     fut.set_result(result)
         except BaseException as exc:  # the connection failed: every caller still waiting hears it
-            await conn.disconnect()
+            try:
+                await conn.disconnect()
+            finally:
+                await pool.release(conn)
             for _, fut in batch:
                 if not fut.done():
                     fut.set_exception(exc if isinstance(exc, Exception) else ConnectionError())
             if not isinstance(exc, Exception):
                 raise
-        finally:
-            await pool.release(conn)
+        else:
+            self._idle.append(conn)
 
 
 def _expire(batch: Batch, trip: asyncio.Task[None]) -> None:

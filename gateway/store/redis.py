@@ -52,6 +52,12 @@ _OVERRIDE_FIELDS = ("soft_limit", "hard_limit", "max_replies", "rate_window_ms")
 LOG_FIELDS = ("at", "bot", "id", "author", "action", "reason", "turn", "soft", "hard")
 
 
+# What the scripts answer, read by a dict lookup (calling an Enum class looks
+# the value up through its metaclass: a microsecond per field per call).
+_TURNS = {t.value: t for t in Turn}
+_ACTIONS = {a.value: a for a in Action}
+_REASONS = {r.value: r for r in Reason}
+
 # Chats whose key names a store keeps formatted (then it starts afresh).
 KEYS_KEPT = 4096
 
@@ -283,11 +289,11 @@ class RedisStore:
             entries = [unpack_context(raw) for raw in reversed(out[12:])]
             context = [e for e in entries if e.id != req.msg.message_id][-req.context :]
         return AdmitResult(
-            turn=Turn(turn),
+            turn=_TURNS[turn],
             soft=int(soft),
             hard=int(hard),
-            action=Action(action) if action else None,
-            reason=Reason(reason) if reason else None,
+            action=_ACTIONS[action] if action else None,
+            reason=_REASONS[reason] if reason else None,
             warn=warn or None,
             limits=limits,
             reserved=bool(int(out[10])),
@@ -304,7 +310,7 @@ class RedisStore:
             turn, soft, hard = await self._run(self._sent, keys.common(req.bot), args)
         except RedisError as exc:
             raise StoreError(f"redis record_sent failed: {exc}") from exc
-        return SentResult(Turn(turn), int(soft), int(hard))
+        return SentResult(_TURNS[turn], int(soft), int(hard))
 
     async def release(
         self, chat: str, bot: str, message_id: str, log: dict[str, Any] | None

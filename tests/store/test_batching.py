@@ -142,3 +142,39 @@ async def test_a_batch_past_its_timeout_fails_its_callers_and_its_connection_is_
         await client.aclose()
         await other.aclose()
         server.stop()
+
+
+async def test_trips_reuse_their_connections_and_a_failed_one_goes_back_to_the_pool(
+    client: aioredis.Redis,
+) -> None:
+    """The pipeline keeps the connections it used (no pool checkout per trip);
+    one whose trip failed is closed and handed back, never reused dirty."""
+    pool = client.connection_pool
+    auto = AutoPipeline(client)
+    script = client.register_script(ECHO)
+    await client.script_load(ECHO)
+    checkouts = 0
+    real = pool.get_connection
+
+    async def counted(*args: object, **kwargs: object) -> object:
+        nonlocal checkouts
+        checkouts += 1
+        return await real(*args, **kwargs)  # type: ignore[arg-type]
+
+    pool.get_connection = counted  # type: ignore[method-assign]
+    for i in range(20):  # one after the other: one trip at a time, one connection
+        assert await auto.script(script, [], [f"v{i}"]) == f"v{i}"
+    assert checkouts == 1
+    [kept] = auto._idle
+
+    async def broken(*args: object, **kwargs: object) -> None:
+        raise ConnectionError("connection reset by peer")
+
+    kept.read_response = broken
+    with pytest.raises(ConnectionError):
+        await auto.script(script, [], ["lost"])
+    assert auto._idle == [] and not kept.is_connected
+    assert kept in pool._available_connections  # handed back, closed
+    del kept.read_response
+    assert await auto.script(script, [], ["again"]) == "again"
+    assert checkouts == 2
