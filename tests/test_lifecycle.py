@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import signal
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -186,13 +187,21 @@ async def test_json_log_lines_carry_the_decision() -> None:
 def test_text_log_lines_read_as_the_plain_formatter_writes_them() -> None:
     """TextFormatter makes the date once a second: each line still says its
     own time, across second and minute boundaries, as logging's Formatter."""
-    plain, fast = logging.Formatter(TEXT_FORMAT), TextFormatter()
-    for created in (1_790_000_000.001, 1_790_000_000.999, 1_790_000_001.0, 1_790_000_059.5,
-                    1_790_000_060.25, 1_790_000_000.5):  # fmt: skip
-        record = logging.LogRecord("botbouncer.decision", logging.INFO, __file__, 1,
-                                   "decision %s", ("x",), None)  # fmt: skip
-        record.created, record.msecs = created, (created - int(created)) * 1000 // 1
-        assert fast.format(record) == plain.format(record)
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        failure = sys.exc_info()
+    levels = (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL)
+    for i, created in enumerate((1_790_000_000.001, 1_790_000_000.999, 1_790_000_001.0,
+                                 1_790_000_059.5, 1_790_000_060.25, 1_790_000_000.5)):  # fmt: skip
+        for exc, stack in ((None, None), (failure, None), (None, "Stack (most recent call last)")):
+            record = logging.LogRecord("botbouncer.decision", levels[i % 5], __file__, 1,
+                                       "decision %s at 100%%", ("x",), exc)  # fmt: skip
+            record.created, record.msecs = created, (created - int(created)) * 1000 // 1
+            record.stack_info = stack
+            # each formatter on its own copy: formatting caches the traceback's text
+            plain = logging.Formatter(TEXT_FORMAT).format(logging.makeLogRecord(record.__dict__))
+            assert TextFormatter().format(record) == plain
 
 
 def test_a_decision_with_replies_keeps_every_other_field() -> None:
