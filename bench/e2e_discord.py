@@ -26,14 +26,17 @@ backend answers the text as it is, mention included). A closed loop keeps
 WINDOW messages awaiting their reply; latency runs from just before a message
 is injected to the moment the fake receives the reply to it. Both contestants
 must be connected, (b) healthy (/healthz) and both must answer a probe message
-before the warm-up; then a warm-up run each and ROUNDS alternating rounds.
+before the warm-up; then a warm-up run each and ROUNDS alternating rounds (a, then b); the ratios
+are the medians of the rounds' b/a.
 
 What (b) does per message that (a) does not: two atomic Redis calls (admit,
 then `sent()` for the reply), allowed_mentions on the reply, a logged
 decision line, and the decision on the echo of its own reply (which both bots
 receive and (a) drops at once): from what `sent()` counted, no store call,
-logged at DEBUG. A typing indicator would cost one more REST call, but only
-once the backend took 0.3 s, which the echo backend never does.
+logged at DEBUG. The fake, as Discord may, sends that echo over the gateway
+before it answers the POST; the daemon holds it until the send is counted.
+A typing indicator would cost one more REST call, but only once the backend
+took 0.3 s, which the echo backend never does.
 
 Beside the table: CPU ms per message of each process (from /proc and Redis's
 INFO cpu), the median over the counted rounds; "fake+driver" is this process,
@@ -45,7 +48,7 @@ It stops with a clear message (exit 2) when a contestant dies, posts a reply
 no waiting message owns, or stays silent for QUIET seconds; logs are kept then.
 
 Run from the repo root:  .venv/bin/python bench/e2e_discord.py
-Size: E2E_MESSAGES (1500), E2E_WINDOW (32), E2E_ROUNDS (3).
+Size: E2E_MESSAGES (1500), E2E_WINDOW (32), E2E_ROUNDS (5).
 Last line: throughput_ratio=<b/a> p99_ratio=<b/a> (targets >= 0.8, <= 1.25).
 """
 
