@@ -41,6 +41,7 @@ import aiohttp
 
 from gateway.config import parse_config
 from gateway.daemon import build_gateway
+from gateway.logs import TextFormatter
 from gateway.model import Action, Author, ChatRef, Message
 from gateway.outbound import Outbound
 from gateway.pipeline import Gateway
@@ -65,7 +66,6 @@ CONTEXT = 8  # recent messages per chat; primed before timing so every prompt ca
 TARGET = 1.10
 
 BOT = "helper"
-LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"  # the daemon's (gateway/cli.py)
 
 SIDES = ("bare", "classifier", "botbouncer", "logged")
 LABELS = {
@@ -86,7 +86,7 @@ bots:
   - name: {BOT}
     platform: http
     backend: {{type: echo}}
-    rate_cap: {{max_replies: 100000000}}
+    rate_cap: {{max_replies: 1000000}}
     reply_decision: {{enabled: true, endpoint: '{url}', model: gate, timeout_seconds: 5}}
 """
 
@@ -112,7 +112,7 @@ class DecisionLogging:
     def __init__(self) -> None:
         self.devnull = open(os.devnull, "w")  # noqa: SIM115 - closed in close()
         out = logging.StreamHandler(self.devnull)
-        out.setFormatter(logging.Formatter(LOG_FORMAT))
+        out.setFormatter(TextFormatter())  # the daemon's (gateway/logs.py)
         self.warnings = Warnings()
         logger = logging.getLogger("botbouncer")
         logger.setLevel(logging.INFO)
