@@ -58,9 +58,6 @@ _TURNS = {t.value: t for t in Turn}
 _ACTIONS = {a.value: a for a in Action}
 _REASONS = {r.value: r for r in Reason}
 
-# Chats whose key names a store keeps formatted (then it starts afresh).
-KEYS_KEPT = 4096
-
 # The policy argument of admit.lua and sent.lua (common.lua unpacks it).
 POLICY = struct.Struct("<13d")
 
@@ -106,11 +103,9 @@ def _tag(chat: str) -> str:
 class ChatKeys:
     """Every Redis key of one chat; the `{…}` hash tag keeps them on one slot."""
 
-    __slots__ = ("_common", "base", "cfg", "ctx", "holds", "idq", "ids", "log", "pairs", "prefix",
-                 "state")  # fmt: skip
+    __slots__ = ("base", "cfg", "ctx", "holds", "idq", "ids", "log", "pairs", "state")
 
     def __init__(self, prefix: str, chat: str) -> None:
-        self.prefix = prefix
         self.base = f"{prefix}:{{{_tag(chat)}}}"
         self.state = f"{self.base}:st"
         self.cfg = f"{self.base}:cfg"
@@ -120,17 +115,14 @@ class ChatKeys:
         self.ctx = f"{self.base}:ctx"
         self.log = f"{self.base}:log"
         self.holds = f"{self.base}:ho"
-        self._common: tuple[str | None, tuple[str, ...]] = (None, ())
 
     def rate(self, bot: str) -> str:
         return f"{self.base}:r:{bot}"
 
-    def common(self, bot: str) -> tuple[str, ...]:
-        """KEYS of admit.lua and sent.lua for `bot` (kept for the last bot asked)."""
-        if self._common[0] != bot:
-            self._common = (bot, (self.state, self.cfg, self.ids, self.idq, self.pairs,
-                                  self.ctx, self.log, self.rate(bot), self.holds))  # fmt: skip
-        return self._common[1]
+    def common(self, bot: str) -> list[str]:
+        """KEYS of admit.lua and sent.lua for `bot`."""
+        return [self.state, self.cfg, self.ids, self.idq, self.pairs, self.ctx, self.log,
+                self.rate(bot), self.holds]  # fmt: skip
 
 
 class _Cluster(RedisCluster):
@@ -194,7 +186,6 @@ class RedisStore:
         self._context_size = context_size
         self._dedupe = dedupe_entries
         self._packed: dict[Limits, bytes] = {}
-        self._keys: dict[str, ChatKeys] = {}
         common = _lua("common.lua")
         self._admit = client.register_script(common + _lua("admit.lua"))
         self._sent = client.register_script(common + _lua("sent.lua"))
@@ -230,14 +221,7 @@ class RedisStore:
         return await self._run(script, keys, args)
 
     def keys(self, chat: str) -> ChatKeys:
-        """The chat's keys, kept for the chats in play (every admit and sent
-        of a chat would otherwise format the same nine names)."""
-        keys = self._keys.get(chat)
-        if keys is None or keys.prefix != self.prefix:
-            if len(self._keys) >= KEYS_KEPT:
-                self._keys.clear()
-            keys = self._keys[chat] = ChatKeys(self.prefix, chat)
-        return keys
+        return ChatKeys(self.prefix, chat)
 
     def _policy(self, lim: Limits) -> bytes:
         """The constant part of a script call as one argument, built once per
