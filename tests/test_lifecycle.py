@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gateway.config import parse_config
-from gateway.daemon import Daemon, StartupError, reload_file, restart_needed, serve
+from gateway.daemon import GC_YOUNG, Daemon, StartupError, reload_file, restart_needed, serve
 from gateway.inflight import InFlight, ShuttingDown
 from gateway.logs import TEXT_FORMAT, JsonFormatter, TextFormatter
 from gateway.model import Action, Decision, Reason, Turn
@@ -212,11 +212,13 @@ def test_a_decision_with_replies_keeps_every_other_field() -> None:
 
 async def test_serve_freezes_what_starting_made_out_of_the_collectors_way() -> None:
     """A full collection walks only what messages make, not the modules,
-    config and clients the start made (its pause was a busy daemon's p99)."""
+    config and clients the start made (its pause was a busy daemon's p99);
+    the young generation is collected every GC_YOUNG allocations."""
     from tests.redis_server import free_port
 
     config = parse_config(BASE + f"http: {{listen: '127.0.0.1:{free_port()}'}}\n")
     gc.unfreeze()
+    thresholds = gc.get_threshold()
     ready = asyncio.Event()
     task = asyncio.create_task(serve(config, on_ready=lambda _: ready.set()))
     started = asyncio.create_task(ready.wait())
@@ -226,7 +228,9 @@ async def test_serve_freezes_what_starting_made_out_of_the_collectors_way() -> N
         await task
     try:
         assert gc.get_freeze_count() > 10_000  # the interpreter, the libraries, the daemon
+        assert gc.get_threshold() == (GC_YOUNG, *thresholds[1:])
     finally:
         os.kill(os.getpid(), signal.SIGTERM)  # serve's own handler: a clean stop
         await task
         gc.unfreeze()
+        gc.set_threshold(*thresholds)
