@@ -7,7 +7,9 @@ go straight to memory, so no message waits on a dead Redis, while one
 background task pings Redis with backoff (`retry_min` doubling up to
 `retry_max`) and switches back as soon as it answers. (A slow call while
 others are answered - this process too busy, not Redis gone - is answered
-locally alone, and the store stays on Redis.)
+locally alone, and the store stays on Redis. On one Redis the script calls
+share a connection answered in order, so there one cannot be late alone: a
+timed-out call closes it and the calls behind it fail too.)
 
 What local state can and cannot do, by design:
 - Bot loops are still stopped: each replica counts the turns it sees (the
