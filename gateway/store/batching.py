@@ -53,10 +53,8 @@ class _Link(asyncio.Protocol):
     def __init__(self, pipeline: AutoPipeline, conn: Any) -> None:
         self.pipeline = pipeline
         self.conn = conn
-        writer = conn._writer  # redis-py's StreamWriter on the connected socket
-        if writer is None:
-            raise RedisConnectionError("redis: the pooled connection is not connected")
-        self.transport: asyncio.WriteTransport = writer.transport
+        # redis-py's StreamWriter on the connected socket (_usable checked it)
+        self.transport: asyncio.WriteTransport = conn._writer.transport
         # redis-py's protocol still hears of the connection's end, so its
         # disconnect() (which waits for that) returns at once.
         self._streams: asyncio.BaseProtocol = self.transport.get_protocol()
@@ -70,8 +68,7 @@ class _Link(asyncio.Protocol):
         self._reader = hiredis.Reader(**reader_args)
         self._loop = asyncio.get_running_loop()
         self.waiting: deque[asyncio.Future[Any]] = deque()
-        self.written = 0  # calls written so far
-        self.answered = 0  # answers read so far
+        self.written = 0  # calls written so far; those answered: written - len(waiting)
         # (calls written once that write was, its deadline), oldest first
         self._due: deque[tuple[int, float]] = deque()
         self._watch: asyncio.TimerHandle | None = None
@@ -83,8 +80,8 @@ class _Link(asyncio.Protocol):
         self.waiting.extend([fut for _, fut in calls])
         self.written += len(calls)
         if deadline is not None:
-            due = self._due
-            while due and due[0][0] <= self.answered:  # writes answered in full
+            due, answered = self._due, self.written - len(self.waiting)
+            while due and due[0][0] <= answered:  # writes answered in full
                 due.popleft()
             due.append((self.written, deadline))
             if self._watch is None:
@@ -93,8 +90,8 @@ class _Link(asyncio.Protocol):
     def _check(self) -> None:
         """The oldest write's deadline: late, or the next write's to watch."""
         self._watch = None
-        due = self._due
-        while due and due[0][0] <= self.answered:
+        due, answered = self._due, self.written - len(self.waiting)
+        while due and due[0][0] <= answered:
             due.popleft()
         if not due or self.lost:
             return
@@ -106,7 +103,7 @@ class _Link(asyncio.Protocol):
         for written, deadline in due:
             if deadline > now:
                 break
-            late = written - self.answered
+            late = written - answered
         for fut in itertools.islice(self.waiting, late):
             if not fut.done():
                 fut.set_exception(TimeoutError("redis did not answer in time"))
@@ -119,7 +116,6 @@ class _Link(asyncio.Protocol):
         try:
             while (reply := reader.gets()) is not False:
                 fut = waiting.popleft()
-                self.answered += 1
                 if fut.done():  # its caller gave up; the call ran anyway
                     continue
                 if isinstance(reply, Exception):
