@@ -177,7 +177,7 @@ async def test_an_unreachable_cluster_is_a_store_error() -> None:
     try:
         with pytest.raises(StoreError, match="redis admit failed: redis cluster: "):
             await Chat(store).human()
-        with pytest.raises(StoreError, match="redis ping failed"):
+        with pytest.raises(StoreError, match="redis write check failed"):
             await store.ping()
         with pytest.raises(StoreError, match="redis status failed"):
             await store.status("test:x", "B", Limits())

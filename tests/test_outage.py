@@ -24,7 +24,15 @@ from gateway.daemon import Daemon
 from gateway.guard.engine import FailoverEngine, engine_for
 from gateway.guard.service import Guard
 from gateway.model import Action, Turn
-from gateway.store import AdmitRequest, Limits, Observed, Overrides, StoreError, open_store
+from gateway.store import (
+    AdmitRequest,
+    Limits,
+    Observed,
+    Overrides,
+    SentRequest,
+    StoreError,
+    open_store,
+)
 from gateway.store.failover import FailoverStore
 from gateway.turns import Count
 from tests.daemons import build, pingpong, redis_of
@@ -141,10 +149,55 @@ async def test_a_frozen_redis_costs_one_timeout_then_nothing(
     finally:
         redis.proc.send_signal(signal.SIGCONT)
     await asyncio.wait_for(store.wait_recovered(), 5)
-    # Redis's own count: the first message, the one that timed out (it was
-    # written before Redis froze, so Redis ran it on waking) and this one.
-    # Counting a message in both places errs on the side of stopping.
-    assert (await store.admit(bot_turn())).soft == 3
+    # Redis's own count: the first message and this one. The one that timed
+    # out was written before Redis froze and reached it on waking, after its
+    # deadline: refused unrun, it was counted only where it was decided.
+    assert (await store.admit(bot_turn())).soft == 2
+
+
+def sent_by_me(msg_id: str, answered: str = "") -> SentRequest:
+    return SentRequest(Observed("c", msg_id, "me", "me", Count.BOT), "me", LIMITS,
+                       answered=answered)  # fmt: skip
+
+
+def answerable(msg_id: str) -> AdmitRequest:
+    """Another bot's message that `me` would answer: it takes a rate slot and
+    holds `me`'s turn for a minute, as the pipeline's admit does."""
+    msg = Observed("c", msg_id, "other", "other", Count.BOT)
+    return AdmitRequest(msg, "me", None, True, LIMITS, hold_ms=60_000)
+
+
+async def test_an_admit_redis_reaches_after_its_deadline_leaves_nothing_behind(
+    redis: RedisServer, store: FailoverStore
+) -> None:
+    """Redis frozen while a bot message is admitted: the call times out and
+    the message is decided locally. On waking Redis finds the call in its
+    socket; run then, it would hold `me`'s turn for a minute and claim the
+    chat's soft warning for an answer nobody reads, so the next bot message
+    would pass the threshold in silence. It is refused unrun instead."""
+    await store.admit(bot_turn(author="warm-up"))  # a first answer: Redis's clock known
+    await store.reset("c")
+    await store.record_sent(sent_by_me("m0"))  # me has spoken: me may warn here
+    await store.admit(answerable("o1"))
+    await store.record_sent(sent_by_me("m1", answered="o1"))  # soft 3 of 4
+    assert redis.proc is not None
+    redis.proc.send_signal(signal.SIGSTOP)
+    try:
+        late = await store.admit(answerable("o2"))  # local state counts from 1
+        assert store.degraded and late.soft == 1
+    finally:
+        redis.proc.send_signal(signal.SIGCONT)
+    await asyncio.wait_for(store.wait_recovered(), 5)
+    client = aioredis.from_url(redis.url, decode_responses=True)
+    try:
+        [holds] = [k async for k in client.scan_iter(match="*{c}:ho")] or [None]
+        assert holds is None or await client.zcard(holds) == 0  # no hold outlived o2
+        [ids] = [k async for k in client.scan_iter(match="*{c}:ids")]
+        assert not await client.hexists(ids, "o2")  # nor was o2 counted there
+    finally:
+        await client.aclose()
+    nxt = await store.admit(answerable("o3"))
+    assert (nxt.turn, nxt.soft, nxt.action, nxt.warn) == (Turn.SOFT_LIMIT, 4, Action.WARN, "soft")
 
 
 async def test_a_slow_call_while_others_are_answered_does_not_leave_redis(

@@ -4,8 +4,13 @@ While Redis answers, every call goes to it. A call that fails, or takes
 longer than `timeout` while no other call was answered either, marks the store
 degraded and is answered from a local MemoryStore instead; from then on calls
 go straight to memory, so no message waits on a dead Redis, while one
-background task pings Redis with backoff (`retry_min` doubling up to
-`retry_max`) and switches back as soon as it answers. (A slow call while
+background task probes Redis with backoff (`retry_min` doubling up to
+`retry_max`) and switches back as soon as it takes a write, which is what
+decisions need (a Redis out of memory answers PING and refuses every write).
+A store that fails again soon after it came back - Redis at the edge of its
+memory, say - is probed from the delay it had reached, doubled, not from
+`retry_min`: it moves at most once per probe interval, and that interval
+grows while it keeps failing. (A slow call while
 others are answered - this process too busy, not Redis gone - is answered
 locally alone, and the store stays on Redis. On one Redis the script calls
 share a connection answered in order, so there one cannot be late alone: a
@@ -45,11 +50,15 @@ from gateway.store.base import (
     StoreError,
 )
 from gateway.store.memory import MemoryStore
-from gateway.store.redis import RedisStore
+from gateway.store.redis import LateCall, RedisStore
 
 log = logging.getLogger("botbouncer.store")
 
 T = TypeVar("T")
+
+# Back on Redis for this many retry_max intervals, the store is trusted again:
+# its next outage is probed from retry_min.
+STABLE = 10
 
 
 class FailoverStore:
@@ -77,6 +86,8 @@ class FailoverStore:
         self.slow = 0  # calls answered locally only because they were slow
         self._answered = 0.0  # time.monotonic() of the last answer from Redis
         self._probe: asyncio.Task[None] | None = None
+        self._delay = retry_min  # the next outage's first wait before a probe
+        self._back_at: float | None = None  # time.monotonic() it last came back
         self._closed = False
 
     @property
@@ -107,6 +118,13 @@ class FailoverStore:
                         out = await on_redis()
             except StoreError as exc:
                 self._degrade(str(exc))
+            except LateCall:
+                # Redis answered: it refused a call that came after its
+                # deadline, which this process or Redis held up. Decided
+                # here; Redis stays, as for any call late alone.
+                self.slow += 1
+                log.warning("a redis call reached Redis after its deadline and was not "
+                            "run; this one is decided locally")  # fmt: skip
             except TimeoutError:
                 # A busy process (its event loop late) times out a healthy Redis
                 # too: only when nothing at all came back from Redis meanwhile
@@ -133,15 +151,20 @@ class FailoverStore:
                   self.retry_max)  # fmt: skip
         if self.on_change is not None:
             self.on_change(True)
+        stable = self._back_at is None or time.monotonic() - self._back_at > STABLE * self.retry_max
+        if stable:
+            self._delay = self.retry_min
         self._probe = asyncio.ensure_future(self._reconnect())
 
     async def _reconnect(self) -> None:
-        delay = self.retry_min
+        delay = self._delay
         while not self._closed:
             await asyncio.sleep(delay)  # backoff between probes: nothing to await instead
             try:
                 async with asyncio.timeout(self.timeout):
                     await self.primary.drop_connections()  # the pooled ones died with it
+                    # a write, as decisions need: a Redis that answers PING but
+                    # refuses writes (out of memory) is not back
                     await self.primary.ping()
             except Exception as exc:  # whatever it is, Redis is not back yet
                 log.debug("redis still unreachable: %s", exc)
@@ -149,6 +172,8 @@ class FailoverStore:
                 continue
             away = time.time() - (self.since or time.time())
             self.error = self.since = None
+            self._back_at = time.monotonic()
+            self._delay = min(delay * 2, self.retry_max)  # if it fails again soon
             log.warning("store back on Redis after %.1f s", away)
             if self.on_change is not None:
                 self.on_change(False)
@@ -219,13 +244,16 @@ class FailoverStore:
         )
 
     async def ping(self) -> None:
-        """Raise StoreError while degraded (for /healthz), naming why and since when."""
-        await self.run(self.primary.ping, self._degraded_error)
-
-    async def _degraded_error(self) -> None:
-        away = time.time() - (self.since or time.time())
-        raise StoreError(f"Redis unreachable for {away:.1f} s ({self.error}); "
-                         "answering from this process's memory")  # fmt: skip
+        """Raise StoreError while degraded, naming why and since when, or when
+        Redis refuses the write check (for /healthz). Never a reason to leave
+        Redis or come back: only decisions' own calls and the probe move the
+        store, so a flood of health checks cannot (gateway/health.py)."""
+        if self.error is not None:
+            away = time.time() - (self.since or time.time())
+            raise StoreError(f"Redis unreachable for {away:.1f} s ({self.error}); "
+                             "answering from this process's memory")  # fmt: skip
+        async with asyncio.timeout(self.timeout):
+            await self.primary.ping()
 
     async def close(self) -> None:
         self._closed = True

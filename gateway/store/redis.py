@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from importlib import resources
@@ -58,6 +59,15 @@ _TURNS = {t.value: t for t in Turn}
 _ACTIONS = {a.value: a for a in Action}
 _REASONS = {r.value: r for r in Reason}
 
+# How long the key RedisStore.ping writes lives (it holds nothing).
+PROBE_TTL_MS = 60_000
+
+# The write check (ping): declared like every script, so Redis refuses it
+# when it would refuse them.
+_PROBE = """redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])
+local t = redis.call('TIME')
+return {t[1], t[2]}"""
+
 # The policy argument of admit.lua and sent.lua (common.lua unpacks it).
 POLICY = struct.Struct("<13d")
 
@@ -95,6 +105,19 @@ def _lua(name: str) -> str:
     return (resources.files("gateway.store") / "lua" / name).read_text(encoding="utf-8")
 
 
+# Every script is declared (Redis 7's shebang, no flags): Redis then decides
+# before it runs whether it may write, and a Redis out of memory (`maxmemory`
+# with `noeviction`) refuses the whole call up front. A script without it is
+# stopped at its first write past the limit, after the writes before it: half
+# a decision (an id marked counted, no count) left behind.
+SHEBANG = "#!lua\n"
+
+
+def register(client: aioredis.Redis | RedisCluster, *parts: str) -> AsyncScript:
+    """One script from Lua source parts, declared (SHEBANG)."""
+    return client.register_script(SHEBANG + "".join(parts))
+
+
 def _tag(chat: str) -> str:
     """The chat key made safe to sit between the braces of a hash tag."""
     return chat.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
@@ -123,6 +146,48 @@ class ChatKeys:
         """KEYS of admit.lua and sent.lua for `bot`."""
         return [self.state, self.cfg, self.ids, self.idq, self.pairs, self.ctx, self.log,
                 self.rate(bot), self.holds]  # fmt: skip
+
+
+class LateCall(TimeoutError):
+    """Redis reached an admit after its deadline and refused it unrun: the
+    call was late (this process or Redis was held up), so it is decided
+    without Redis, as if it had timed out, while Redis itself answers."""
+
+
+class ServerClock:
+    """Redis's clock as this process sees it: the offset of the server's time
+    (ms) from `time.time()`, so a call can carry a deadline in the server's time.
+
+    Each sample is a server time read by a script and the local time its
+    answer arrived, which is later: a sample is never above the true offset,
+    and the largest is the nearest. The largest of the last two windows is
+    kept: a local clock stepped back raises the samples and is followed at
+    once; one stepped forward leaves deadlines later than meant (never
+    earlier) for two windows at most.
+    """
+
+    WINDOW_MS = 30_000.0
+
+    __slots__ = ("_best", "_prev", "_since")
+
+    def __init__(self) -> None:
+        self._best: float | None = None
+        self._prev: float | None = None
+        self._since = 0.0
+
+    def sample(self, server_ms: int, local_ms: float) -> None:
+        offset = server_ms - local_ms
+        if local_ms - self._since > self.WINDOW_MS:
+            self._prev, self._best, self._since = self._best, offset, local_ms
+        elif self._best is None or offset > self._best:
+            self._best = offset
+
+    def deadline(self, local_ms: float, within_ms: float) -> int | None:
+        """The server time `within_ms` from now; None before any sample."""
+        best, prev = self._best, self._prev
+        if best is None:
+            return None
+        return int(local_ms + (best if prev is None or best >= prev else prev) + within_ms)
 
 
 class _Cluster(RedisCluster):
@@ -186,15 +251,18 @@ class RedisStore:
         self._context_size = context_size
         self._dedupe = dedupe_entries
         self._packed: dict[Limits, bytes] = {}
+        self._call_timeout_ms = None if call_timeout is None else call_timeout * 1000
+        self.clock = ServerClock()
         common = _lua("common.lua")
-        self._admit = client.register_script(common + _lua("admit.lua"))
-        self._sent = client.register_script(common + _lua("sent.lua"))
-        self._release = client.register_script(_lua("release.lua"))
+        self._admit = register(client, common, _lua("admit.lua"))
+        self._sent = register(client, common, _lua("sent.lua"))
+        self._release = register(client, _lua("release.lua"))
         # A cluster routes each call by its keys itself; one Redis shares trips.
         self._batch = (
             None if isinstance(client, RedisCluster) else AutoPipeline(client, timeout=call_timeout)
         )
-        self._reset = client.register_script(_lua("reset.lua"))
+        self._reset = register(client, _lua("reset.lua"))
+        self._probe = register(client, _PROBE)
 
     @classmethod
     def from_url(cls, url: str, *, call_timeout: float | None = None, **kwargs: Any) -> RedisStore:
@@ -247,11 +315,18 @@ class RedisStore:
             "" if req.now_ms is None else req.now_ms,
             obs.message_id, obs.author, obs.name or obs.author, COUNT_CODES[kind],
             obs.text[:CONTEXT_TEXT_CHARS], bot, self._policy(req.limits), hold_name(obs.author),
+            "",  # deadline: none (admit sets its own)
         ]  # fmt: skip
 
     async def admit(self, req: AdmitRequest) -> AdmitResult:
         keys = self.keys(req.msg.chat)
         args = self._args(req, req.msg.count, req.bot)
+        sent_at = time.time() * 1000
+        if self._call_timeout_ms is not None:
+            # Past the time this call gives up, Redis refuses it unrun (common.lua)
+            deadline = self.clock.deadline(sent_at, self._call_timeout_ms)
+            if deadline is not None:
+                args[9] = deadline
         args += [req.local_reason.value if req.local_reason else "",
                  1 if req.author_is_bot else 0, req.context,
                  hold_name(req.bot, req.msg.message_id), req.hold_ms]  # fmt: skip
@@ -259,6 +334,10 @@ class RedisStore:
             out = await self._run(self._admit, keys.common(req.bot), args)
         except RedisError as exc:
             raise StoreError(f"redis admit failed: {exc}") from exc
+        if len(out) == 1:
+            raise LateCall("redis reached this admit after its deadline and did not run it")
+        if req.now_ms is None:
+            self.clock.sample(int(out[11]), time.time() * 1000)
         turn, soft, hard, action, reason, warn = out[:6]
         lim = req.limits
         effective = (int(out[6]), int(out[7]), int(out[8]), int(out[9]))
@@ -383,10 +462,16 @@ class RedisStore:
         return [unpack_log(r) for r in raw]
 
     async def ping(self) -> None:
+        """Check what decisions need of Redis: a write. A Redis that answers
+        PING but refuses writes (out of memory under `noeviction`, a replica
+        made read-only) fails here as every admit would. The probe key is one
+        small string per store prefix, expiring by itself; the server time it
+        reads is a sample for ServerClock."""
         try:
-            await self.client.ping()
+            sec, usec = await self._probe(keys=[f"{self.prefix}:probe"], args=[PROBE_TTL_MS])
         except RedisError as exc:
-            raise StoreError(f"redis ping failed: {exc}") from exc
+            raise StoreError(f"redis write check failed: {exc}") from exc
+        self.clock.sample(int(sec) * 1000 + int(usec) // 1000, time.time() * 1000)
 
     async def drop_connections(self) -> None:
         """Close every pooled connection (after an outage they may all be dead

@@ -1,11 +1,11 @@
 -- admit: one atomic decision for one inbound message (prepended: common.lua).
--- ARGV (after the common 9): 10 local reason ("" none)  11 author is a bot (1|0)
---   12 context messages to return when a reply is possible
---   13 this bot's hold on the message (hold_name)  14 how long it holds, ms (0: none)
+-- ARGV (after the common 10): 11 local reason ("" none)  12 author is a bot (1|0)
+--   13 context messages to return when a reply is possible
+--   14 this bot's hold on the message (hold_name)  15 how long it holds, ms (0: none)
 -- Returns {turn, soft, hard, action, reason, warn, soft_limit, hard_limit,
 --          max_replies, rate_window_ms, reserved, now, context json...}
-local LOCAL, AUTHOR_IS_BOT, WANT_CTX = ARGV[10], ARGV[11] == '1', tonumber(ARGV[12])
-local HOLD, HOLD_MS = ARGV[13], tonumber(ARGV[14])
+local LOCAL, AUTHOR_IS_BOT, WANT_CTX = ARGV[11], ARGV[12] == '1', tonumber(ARGV[13])
+local HOLD, HOLD_MS = ARGV[14], tonumber(ARGV[15])
 
 local TURN_REASON = {soft_limit = 'turn_soft_limit', throttled = 'turn_throttled',
   hard_limit = 'turn_hard_limit', stopped = 'turn_stopped'}

@@ -9,16 +9,29 @@
 --         pair_window_ms pair_cooldown_ms state_ttl_ms settings_ttl_ms context_size
 --         dedupe_entries log_size
 --       9 the prefix of the author's turn holds (base.hold_name)
+--      10 deadline: the server time (ms) after which the caller has given up on
+--         this call ("" none). A call Redis reaches later - it was frozen, or
+--         busy, while the call waited in its socket - is refused before it
+--         writes anything (answered {'late'}): the caller has decided the
+--         message without Redis, and a reservation or warning claim made now
+--         would outlive that decision.
 -- Times are integer milliseconds, as in the memory store.
 local K_STATE, K_CFG, K_IDS, K_IDQ, K_PAIRS, K_CTX, K_LOG, K_RATE, K_HOLDS =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 
+local function server_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
 local now
 if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  now = server_ms()
 else
   now = tonumber(ARGV[1])
+end
+if ARGV[10] ~= '' and (ARGV[1] == '' and now or server_ms()) > tonumber(ARGV[10]) then
+  return {'late'}
 end
 -- Numbers reach redis.call as strings made by int(): Lua's own conversion is
 -- sprintf("%.14g"), which costs several times "%d" and was a tenth of what

@@ -1,8 +1,10 @@
 -- sent: count a message this bot sent as a bot turn (prepended: common.lua).
--- ARGV (after the common 9): 10 decision log entry of the answered message ("" none)
---   11 the hold this message fills (hold_name; "" none: a later piece, a warning)
+-- ARGV (after the common 10, whose deadline is "": a sent message is a turn
+-- whenever Redis hears of it): 11 decision log entry of the answered message
+--   ("" none)  12 the hold this message fills (hold_name; "" none: a later
+--   piece, a warning)
 -- Returns {turn, soft, hard}
-local answered = ARGV[11] ~= '' and ARGV[11] or nil
+local answered = ARGV[12] ~= '' and ARGV[12] or nil
 local kind, soft, hard = count(redis.call('HGET', K_IDS, MSG_ID), '', answered)
-if ARGV[10] ~= '' then push_log(ARGV[10]) end
+if ARGV[11] ~= '' then push_log(ARGV[11]) end
 return {turn_of(kind, soft, hard), soft, hard}
