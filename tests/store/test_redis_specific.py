@@ -11,7 +11,7 @@ from redis.crc import key_slot
 
 from gateway.model import Action, Decision, Reason, Turn
 from gateway.store import AdmitRequest, Limits, Observed, Overrides
-from gateway.store.redis import RedisStore, pack_log, unpack_log
+from gateway.store.redis import LateCall, RedisStore, ServerClock, pack_log, unpack_log
 from gateway.turns import Count
 from tests.store.harness import Chat
 
@@ -129,3 +129,45 @@ async def test_log_and_context_written_before_the_compact_form_are_still_read(
     new = {**old, "at": res.at_ms / 1000, "id": "m1", "reason": "classifier_skip"}
     await rstore.release(chat.chat, "B", "m1", new)
     assert await rstore.decisions(chat.chat) == [new, old]
+
+
+def test_the_server_clock_keeps_the_nearest_offset_and_follows_a_stepped_clock() -> None:
+    clock = ServerClock()
+    assert clock.deadline(1_000.0, 500) is None  # no sample yet: no deadline
+    clock.sample(10_000, 1_004.0)  # answer arrived 4 ms after the script read TIME
+    clock.sample(10_050, 1_051.0)  # 1 ms after: nearer the true offset (9,000)
+    clock.sample(10_100, 1_130.0)  # a slow answer says less and is not taken
+    assert clock.deadline(2_000.0, 500) == 2_000 + 8_999 + 500
+    # the local clock stepped back a minute: samples rise, followed at once
+    clock.sample(10_200, 1_200.0 - 60_000)
+    assert clock.deadline(0.0, 0) == 10_200 - (1_200 - 60_000)
+    # stepped forward again: the old, larger offset lasts until two windows pass
+    later = 1_200.0 + 2 * ServerClock.WINDOW_MS + 1
+    clock.sample(int(later + 9_000), later)
+    assert clock.deadline(later, 0) == int(later + 69_000)
+    clock.sample(int(later + 9_000 + 31_000), later + 31_000.0 + 1)
+    clock.sample(int(later + 9_000 + 62_000), later + 62_000.0 + 2)
+    assert clock.deadline(later, 0) == int(later + 9_000 - 1)
+
+
+async def test_a_late_admit_is_refused_unrun(rstore: RedisStore, key_prefix: str) -> None:
+    """An admit whose deadline (server time) has passed when Redis reaches it
+    writes nothing and says so; one within its deadline runs as always."""
+    late = RedisStore.from_url(_url(rstore), prefix=key_prefix, call_timeout=0.5)
+    try:
+        obs = Observed("test:late", "b1", "other", "other", Count.BOT)
+        req = AdmitRequest(obs, "B", None, True, Limits(), hold_ms=60_000)
+        late.clock.sample(0, 10**15)  # Redis's clock taken to be far behind: always late
+        with pytest.raises(LateCall):
+            await late.admit(req)
+        assert await rstore.client.keys(f"{key_prefix}:*late*") == []
+        late.clock = ServerClock()  # no offset known: no deadline sent
+        assert (await late.admit(req)).soft == 1
+        assert late.clock.deadline(0.0, 0) is not None  # ...and now one is learned
+    finally:
+        await late.close()
+
+
+def _url(store: RedisStore) -> str:
+    kw = store.client.get_connection_kwargs()
+    return f"redis://{kw['host']}:{kw['port']}/{kw.get('db', 0)}"
