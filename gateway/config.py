@@ -718,8 +718,20 @@ class ContextGuard(_Model):
     max_total_tokens: Int | None = Field(default=None, ge=1, le=10**13)
 
 
+# The guard counts dollars in millionths (integers inside Redis Lua): a
+# smaller budget would round to 0, which is "no budget".
+MIN_BUDGET_USD = 0.000001
+BUDGET_TOO_SMALL = "must be at least 0.000001 (one micro-dollar, the unit the guard counts in)"
+
+
+def _budget_usd(value: float | None) -> float | None:
+    if value is not None and value < MIN_BUDGET_USD:
+        raise ValueError(BUDGET_TOO_SMALL)
+    return value
+
+
 class BudgetGuard(_Model):
-    usd: Float | None = Field(default=None, gt=0, le=10**7)
+    usd: Annotated[Float | None, AfterValidator(_budget_usd)] = Field(default=None, gt=0, le=10**7)
     tokens: Int | None = Field(default=None, ge=1, le=10**13)
     warn_at: Ratio = 0.8
 
@@ -727,6 +739,20 @@ class BudgetGuard(_Model):
 class StepGuard(_Model):
     max_steps: Times = 50
     max_per_tool: Times = 25
+
+
+class SessionBounds(_Model):
+    """What one session keeps, so that its stored value and the cost of a
+    check stay flat however long it runs and however many names the agent
+    invents (README "Operations"). Past a bound the least recently used tool,
+    task or topic is forgotten (its counts start over if it comes back); the
+    one an agent loops on is in use, so it stays."""
+
+    max_tools: Int = Field(default=32, ge=1, le=1024)  # counts, streaks, fixation windows
+    max_tasks: Int = Field(default=32, ge=1, le=1024)  # retried tasks and their windows
+    max_topics: Int = Field(default=64, ge=1, le=1024)  # knowledge-base topics
+    max_chain: Int = Field(default=64, ge=2, le=1024)  # newest agents of the hand-off chain
+    max_tokens: Int = Field(default=64, ge=8, le=256)  # token hashes kept per call
 
 
 class GuardProfile(_Model):
@@ -746,6 +772,14 @@ class GuardProfile(_Model):
     context: ContextGuard = ContextGuard()
     budget: BudgetGuard = BudgetGuard()
     steps: StepGuard = StepGuard()
+    session: SessionBounds = SessionBounds()
+
+    @model_validator(mode="after")
+    def _chain(self) -> GuardProfile:
+        # Revisits are counted in the chain kept: a shorter one hides them.
+        if self.session.max_chain < 2 * self.handoff.max_visits:
+            raise ValueError("session.max_chain must be at least 2 * handoff.max_visits")
+        return self
 
 
 _PROFILE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -756,6 +790,9 @@ class GuardConfig(_Model):
     only what differs from `default`."""
 
     session_ttl_seconds: Int = Field(default=86400, ge=60, le=MAX_TTL_SECONDS)
+    # Sessions this process keeps when it runs the guard itself (memory store,
+    # or Redis unreachable); past it the least recently used is forgotten.
+    max_sessions: Int = Field(default=10_000, ge=1, le=MAX_COUNT)
     profiles: dict[str, GuardProfile] = Field(default_factory=lambda: {"default": GuardProfile()})
 
     @field_validator("profiles", mode="before")

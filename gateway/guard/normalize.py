@@ -1,15 +1,28 @@
 """What the guard compares, computed once per call in Python: a call's
 signature (tool + canonical arguments), its input tokens, a result's hash and
-a question's topic. The detectors (guard.lua) only compare these strings."""
+a question's topic. The detectors (guard.lua) only compare these strings.
+
+Nothing here recurses: a value nested deeper than MAX_JSON_DEPTH is refused
+before it is walked (every HTTP body already is, by gateway/http.py's
+json_body), so no input can exhaust Python's stack."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import heapq
 import json
 import re
+import zlib
 from typing import Any
 
-MAX_TOKENS = 256  # per call; more adds nothing to a similarity
+# Containers (arrays and objects) nested in one JSON value, the outermost
+# counting 1. Agent arguments and chat payloads nest a handful deep; 64 leaves
+# room for any real one, and keeps every walk, json.dumps included, far from
+# Python's recursion limit (about 1,000 frames).
+MAX_JSON_DEPTH = 64
+MAX_TOKENS = 64  # per call: the default of a profile's session.max_tokens
+TOKEN_WIDTH = 4  # characters per token in tokens(): 24 bits, base64
 _WORD = re.compile(r"\w+", re.UNICODE)
 # Words that say nothing about what a question is about (for the KB topic).
 STOPWORDS = frozenset(
@@ -79,6 +92,48 @@ STOPWORDS = frozenset(
 )
 
 
+def depth_over(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether `value` nests containers deeper than `limit`: one level at a
+    time, so any depth is answered without recursion."""
+    level = [value] if isinstance(value, dict | list) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        inner: list[Any] = []
+        for item in level:
+            inner.extend(item.values() if isinstance(item, dict) else item)
+        level = [v for v in inner if isinstance(v, dict | list)]
+    return False
+
+
+_BRACKETS = bytes.maketrans(b"{}", b"[]")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def text_depth_over(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool | None:
+    """depth_over for a JSON text before it is parsed (json.loads recurses):
+    exact for valid JSON in UTF-8, None for another encoding. Every step is a
+    bytes method, so a typical body (fewer brackets than `limit`) costs under
+    a microsecond, far less than walking the parsed value (measured: 0.7 us
+    against 13 us for a 700-byte guard step with 46 containers; a 64 KB body
+    of 6,000 containers, 0.7 ms against 1.2 ms, and json.loads itself 0.9)."""
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    if not json.detect_encoding(raw).startswith("utf-8"):
+        return None  # UTF-16/32: a bracket's byte can be half of another character
+    # Outside strings only: with escaped backslashes and quotes gone, every
+    # quote left opens or closes a string.
+    text = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    text = b"".join(text.split(b'"')[::2]).translate(_BRACKETS, _NOT_BRACKETS)
+    for _ in range(limit):  # each pass removes the innermost level
+        if not text:
+            return False
+        text = text.replace(b"[]", b"")
+    return bool(text)
+
+
 def canonical(value: Any) -> str:
     """JSON with sorted keys and no spaces: equal arguments, equal text."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -96,30 +151,39 @@ def result_hash(output: Any) -> str:
     return digest(canonical(output))
 
 
-def _words(value: Any, out: set[str]) -> None:
-    if isinstance(value, str):
-        out.update(w.lower() for w in _WORD.findall(value))
-    elif isinstance(value, dict):
-        for v in value.values():
-            _words(v, out)
-    elif isinstance(value, list):
-        for v in value:
-            _words(v, out)
-    elif value is not None:
-        out.add(str(value).lower())
-
-
-def tokens(value: Any) -> list[str]:
-    """The normalised tokens of a call's input (or a response): lower-case
-    words of every string, numbers and booleans as they print; a sorted set."""
+def words(value: Any) -> set[str]:
+    """Lower-case words of every string, numbers and booleans as they print."""
     out: set[str] = set()
-    _words(value, out)
-    return sorted(out)[:MAX_TOKENS]
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            out.update(w.lower() for w in _WORD.findall(item))
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif item is not None:
+            out.add(str(item).lower())
+    return out
+
+
+def tokens(value: Any, limit: int = MAX_TOKENS) -> str:
+    """The tokens of a call's input (or a response) that similarities compare,
+    as a bounded sketch: each distinct word hashed to 24 bits, the `limit`
+    smallest hashes kept (exact for inputs of up to `limit` distinct words, a
+    sample chosen by hash of larger ones), sorted, as TOKEN_WIDTH base64 characters
+    each in one string. A window of calls is kept per tool in the session, so
+    a token's size must not depend on the word: a 60 KB word is 4 characters
+    too."""
+    hashes = {zlib.crc32(w.encode("utf-8", "surrogatepass")) & 0xFFFFFF for w in words(value)}
+    low = heapq.nsmallest(limit, hashes) if len(hashes) > limit else sorted(hashes)
+    return base64.urlsafe_b64encode(b"".join(h.to_bytes(3, "big") for h in low)).decode("ascii")
 
 
 def topic(question: str) -> str:
     """A question's fingerprint: its words (longer than one letter, so "what's"
     is "what") minus stop words, as a set, so a reordered re-ask or one with
     other filler words is the same topic."""
-    words = {w.lower() for w in _WORD.findall(question) if len(w) > 1} - STOPWORDS
-    return digest(" ".join(sorted(words)))
+    kept = {w.lower() for w in _WORD.findall(question) if len(w) > 1} - STOPWORDS
+    return digest(" ".join(sorted(kept)))

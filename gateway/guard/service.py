@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
-from gateway.config import GuardConfig, GuardProfile
+from gateway.config import BUDGET_TOO_SMALL, MIN_BUDGET_USD, GuardConfig, GuardProfile
 from gateway.guard import normalize
 from gateway.guard.engine import Engine
 
@@ -99,13 +99,19 @@ class KbQueryBody(_Body):
 class UsageBody(_Body):
     cost_usd: Annotated[float, Field(ge=0, le=10**7)] = 0.0
     tokens: Tokens = 0
-    budget_usd: Annotated[float, Field(gt=0, le=10**7)] | None = None
+    # Money travels in micro-dollars: a smaller budget would round to 0, which
+    # the script reads as "no budget" - the opposite of what was asked.
+    budget_usd: Annotated[float, Field(ge=MIN_BUDGET_USD, le=10**7)] | None = None
     budget_tokens: Annotated[int, Field(ge=1, le=10**13)] | None = None
 
 
 def _parse(model: type[_Body], body: Any) -> Any:
     if not isinstance(body, dict):
         raise GuardInputError("body: must be a JSON object")
+    # Before anything walks it (json.dumps recurses): json_body has refused a
+    # deeper HTTP body already, but a caller in this process may pass anything.
+    if normalize.depth_over(body):
+        raise GuardInputError(f"body: nested deeper than {normalize.MAX_JSON_DEPTH} levels")
     try:
         return model.model_validate(body)
     except ValidationError as exc:
@@ -116,6 +122,8 @@ def _parse(model: type[_Body], body: Any) -> Any:
             msg = "unknown field"
         elif err["type"] == "int_type" and isinstance(err.get("input"), float):
             msg = "must be a whole number"
+        elif where == "budget_usd" and err["type"] == "greater_than_equal":
+            msg = BUDGET_TOO_SMALL
         raise GuardInputError(f"{where}: {msg}") from None
 
 
@@ -282,6 +290,8 @@ def limits_of(profile: GuardProfile, ttl_seconds: int) -> str:
         "budget_usd": round((p.budget.usd or 0) * MICRO), "budget_tokens": p.budget.tokens or 0,
         "budget_warn": p.budget.warn_at,
         "max_steps": p.steps.max_steps, "max_per_tool": p.steps.max_per_tool,
+        "max_tools": p.session.max_tools, "max_tasks": p.session.max_tasks,
+        "max_topics": p.session.max_topics, "max_chain": p.session.max_chain,
         "ttl_ms": ttl_seconds * 1000,
     }, sort_keys=True)  # fmt: skip
 
@@ -299,6 +309,7 @@ class Guard:
     def configure(self, config: GuardConfig) -> None:
         """New profiles (SIGHUP) apply from the next check."""
         self.config = config
+        self.engine.limit_sessions(config.max_sessions)
         self._limits = {
             name: limits_of(p, config.session_ttl_seconds) for name, p in config.profiles.items()
         }
@@ -352,7 +363,7 @@ class Guard:
         payload: dict[str, Any] = {
             "tool": req.tool,
             "sig": normalize.signature(req.tool, req.args),
-            "toks": normalize.tokens(req.args),
+            "toks": normalize.tokens(req.args, p.session.max_tokens),
             "exempt": req.tool in p.exempt_tools,
             "sub": req.tool in p.subagents.tools,
         }
@@ -370,7 +381,7 @@ class Guard:
             "rh": normalize.result_hash(req.output),
             "exempt": req.tool in p.exempt_tools,
             "sub": sub,
-            "rtoks": normalize.tokens(req.output) if sub else [],
+            "rtoks": normalize.tokens(req.output, p.session.max_tokens) if sub else "",
         }
         return await self._check(session, profile, "result", payload)
 

@@ -1,48 +1,27 @@
 -- The agent guard (README "Agent guard"): one atomic call per check.
 --
 -- Prepended by a prelude that defines load() -> state table or nil,
--- save(state, ttl_ms), drop(), decode(json) -> table and now() -> ms: Redis
--- keeps the state as one JSON value (cjson) under KEYS[1]; the memory store
--- runs this same file in Lua 5.1 (lupa) over a table it holds. Every number in
--- the state is an integer (micro-dollars, milliseconds, millionths), so the
--- JSON round trip on Redis loses nothing and both give the same answers.
+-- save(state, ttl_ms), drop(), decode(json) -> table, limits(json) -> a table
+-- the script only reads, and now() -> ms; then by enc.lua (enc(value) ->
+-- JSON). Redis keeps the state as one JSON value (cjson) under KEYS[1]; the
+-- memory store runs this same file in Lua 5.1 (lupa) over a table it holds.
+-- Every number in the state is an integer (micro-dollars, milliseconds,
+-- millionths), so a JSON round trip loses nothing and both give the same
+-- answers.
+--
+-- Every collection the state keeps is bounded by the profile (L.max_*): a
+-- session costs the same per call however long it lives, and one agent
+-- inventing names cannot grow its value (README "Operations"). Maps keyed by
+-- a name the agent chooses (tools, retry tasks, kb topics) forget their least
+-- recently used entry; lists keep their newest items.
 --
 -- ARGV: 1 op (step|result|retry|handoff|kb|usage|state|reset), 2 profile
 -- limits (JSON), 3 payload (JSON, prepared by gateway/guard/service.py:
 -- hashes, tokens and flags), 4 profile name, 5 now ms ("" = server time).
 -- Returns {decision, reason, evidence JSON, meta JSON, also JSON}.
 
-local OP, L, P, PROFILE = ARGV[1], decode(ARGV[2]), decode(ARGV[3]), ARGV[4]
+local OP, L, P, PROFILE = ARGV[1], limits(ARGV[2]), decode(ARGV[3]), ARGV[4]
 local NOW = tonumber(ARGV[5]) or now()
-
--- JSON out, deterministic (sorted keys) so both stores answer byte for byte alike.
-local function enc(v)
-  local t = type(v)
-  if t == 'string' then
-    return '"' .. v:gsub('[%c"\\]', function(c)
-      if c == '"' then return '\\"' elseif c == '\\' then return '\\\\' end
-      return string.format('\\u%04x', c:byte())
-    end) .. '"'
-  elseif t == 'number' then
-    if v == math.floor(v) and math.abs(v) < 1e15 then return string.format('%d', v) end
-    return string.format('%.14g', v)
-  elseif t == 'boolean' then
-    return tostring(v)
-  elseif t == 'table' then
-    if next(v) == nil or #v > 0 then
-      local out = {}
-      for i = 1, #v do out[i] = enc(v[i]) end
-      return '[' .. table.concat(out, ',') .. ']'
-    end
-    local keys = {}
-    for k in pairs(v) do keys[#keys + 1] = k end
-    table.sort(keys)
-    local out = {}
-    for i, k in ipairs(keys) do out[i] = enc(k) .. ':' .. enc(v[k]) end
-    return '{' .. table.concat(out, ',') .. '}'
-  end
-  return 'null'
-end
 
 local function round2(x) return math.floor(x * 100 + 0.5) / 100 end
 
@@ -64,6 +43,35 @@ S = S or {
   ctx = {grow = 0, total = 0, sizes = {}}, cost = {usd = 0, tok = 0},
 }
 S.updated = NOW
+-- Orders the entries of the maps below by last use; one per check, so unique.
+S.calls = (S.calls or 0) + 1
+
+-- The entry for `key` in `map`, touched; made from `fresh()` when missing,
+-- after dropping the least recently used ones if `map` already holds `cap`.
+-- The walk is over at most `cap` entries and only for a new name: a name in
+-- use is never the one dropped, so a loop on it stays in view.
+local function use_of(e) return e.u or 0 end  -- 0: saved before entries had one
+
+local function entry(map, key, cap, fresh)
+  local e = map[key]
+  if not e then
+    local keys, oldest = {}, nil
+    for k, v in pairs(map) do
+      keys[#keys + 1] = k
+      if not oldest or use_of(v) < use_of(map[oldest]) then oldest = k end
+    end
+    if #keys > cap then  -- the profile's bound was lowered: down to it at once
+      table.sort(keys, function(a, b) return use_of(map[a]) < use_of(map[b]) end)
+      for i = 1, #keys - cap + 1 do map[keys[i]] = nil end
+    elseif #keys == cap then
+      map[oldest] = nil
+    end
+    e = fresh()
+    map[key] = e
+  end
+  e.u = S.calls
+  return e
+end
 
 -- Findings: the first block wins, else the first warning, else allow.
 local found = {}
@@ -94,12 +102,16 @@ local function check_failures(name, t)
   end
 end
 
+-- Token sets are strings of 4-character hashes (gateway/guard/normalize.py:
+-- tokens), each hash once; a list of words is what a session saved before.
+local W = 4
 local function jaccard(a, b)
+  if type(a) ~= 'string' or type(b) ~= 'string' then return 0 end
   if #a == 0 or #b == 0 then return 0 end  -- nothing to compare is no evidence
-  local set, inter, union = {}, 0, #a
-  for _, x in ipairs(a) do set[x] = true end
-  for _, y in ipairs(b) do
-    if set[y] then inter = inter + 1 else union = union + 1 end
+  local set, inter, union = {}, 0, #a / W
+  for i = 1, #a, W do set[a:sub(i, i + W - 1)] = true end
+  for i = 1, #b, W do
+    if set[b:sub(i, i + W - 1)] then inter = inter + 1 else union = union + 1 end
   end
   return inter / union
 end
@@ -112,13 +124,10 @@ local function same_call(a, b)
   return true
 end
 
+local function new_tool() return {n = 0, fail = 0, same = 0, toks = {}} end
+
 local function tool_state(name)
-  local t = S.tools[name]
-  if not t then
-    t = {n = 0, fail = 0, same = 0, toks = {}}
-    S.tools[name] = t
-  end
-  return t
+  return entry(S.tools, name, L.max_tools, new_tool)
 end
 
 local function push(list, item, cap)
@@ -156,8 +165,9 @@ end
 -- ---------------------------------------------------------------------------
 if OP == 'step' then
   local name = P.tool
-  local t = S.tools[name] or {n = 0, fail = 0, same = 0, toks = {}}
-  local entry = {s = P.sig, t = name}
+  local t = S.tools[name] or new_tool()
+  t.u = S.calls  -- a blocked call is a use too: the tool it loops on stays
+  local call = {s = P.sig, t = name}
   check_budget()
   if not P.exempt then
     if S.steps >= L.max_steps then
@@ -190,7 +200,7 @@ if OP == 'step' then
     -- cycle: the newest calls repeat with a period of cycle_min..cycle_max
     local h = {}
     for i = math.max(1, #S.hist - L.history + 2), #S.hist do h[#h + 1] = S.hist[i] end
-    h[#h + 1] = entry
+    h[#h + 1] = call
     local n, best_p, best_reps = #h, nil, 1
     for p = L.cycle_min, L.cycle_max do
       if 2 * p > n then break end
@@ -266,8 +276,9 @@ if OP == 'step' then
     S.steps = S.steps + 1
     t = tool_state(name)
     t.n = t.n + 1
-    push(t.toks, {s = P.sig, k = P.toks}, L.fix_window)
-    push(S.hist, entry, L.history)
+    -- the check compares a new call with the window's other fix_window - 1
+    push(t.toks, {s = P.sig, k = P.toks}, L.fix_window - 1)
+    push(S.hist, call, L.history)
     local run = S.run
     if run.s == P.sig and (not run.has or run.same) then
       run.n = run.n + 1
@@ -342,12 +353,12 @@ end
 -- ---------------------------------------------------------------------------
 if OP == 'retry' then
   local task = P.task
-  local r = S.retry[task] or {}
+  local r = entry(S.retry, task, L.max_tasks, function() return {ts = {}} end)
   local kept = {}
-  for _, ts in ipairs(r) do
+  for _, ts in ipairs(r.ts or r) do  -- `or r`: a session saved when this was the list
     if ts > NOW - L.retry_window_ms then kept[#kept + 1] = ts end
   end
-  S.retry[task] = kept
+  S.retry[task] = {ts = kept, u = r.u}
   if P.precheck_failed then
     finding('block', 'input_missing_prerequisite_signal', {task = task})
   elseif #kept >= L.retry_max then
@@ -378,20 +389,19 @@ if OP == 'handoff' then
   return answer(function()
     hand.n = hand.n + 1
     hand.chain = chain
-    while #hand.chain > 64 do table.remove(hand.chain, 1) end
+    while #hand.chain > L.max_chain do table.remove(hand.chain, 1) end
   end)
 end
 
 -- ---------------------------------------------------------------------------
 if OP == 'kb' then
-  local k = S.kb[P.topic] or {ts = {}, best = -1}
+  local k = entry(S.kb, P.topic, L.max_topics, function() return {ts = {}, best = -1} end)
   local kept = {}
   for _, ts in ipairs(k.ts) do
     if ts > NOW - L.kb_window_ms then kept[#kept + 1] = ts end
   end
   k.ts = kept
   if P.conf and P.conf > k.best then k.best = P.conf end
-  S.kb[P.topic] = k
   if #kept >= L.kb_max then
     finding('block', 'kb_requery', {queries = #kept, max = L.kb_max,
       window_seconds = L.kb_window_ms / 1000, best_confidence = k.best})

@@ -4,4 +4,5 @@ local function load() return HOST.load(KEYS[1]) end
 local function save(state, ttl_ms) HOST.save(KEYS[1], state, ttl_ms) end
 local function drop() HOST.drop(KEYS[1]) end
 local function decode(text) return HOST.decode(text) end
+local function limits(text) return HOST.limits(text) end  -- cached: read-only
 local function now() return HOST.now() end
