@@ -20,6 +20,7 @@ from gateway.llm import LLMError, chat_completion, completions_url
 from gateway.model import ChatKind, Message
 from gateway.outbound import Outbound
 from gateway.store import ContextEntry
+from gateway.turns import is_addressed
 
 log = logging.getLogger("botbouncer.classifier")
 
@@ -64,9 +65,15 @@ class Classifier:
         self.template = cfg.prompt or DEFAULT_PROMPT
         self.outbound = outbound
 
-    def applies(self, msg: Message) -> bool:
-        """Empty and system messages are never classified; DMs only under scope all."""
+    def applies(self, msg: Message, bot_id: str) -> bool:
+        """Whether to ask the model at all. Empty and system messages are never
+        classified, DMs only under scope all, and a person who addresses this
+        bot (a mention, a reply to it) never: the gate is for bot messages and
+        for messages nobody addressed to this bot, so a SKIP can never silence
+        a person who asked."""
         if msg.system or not msg.text.strip():
+            return False
+        if not msg.author.is_bot and is_addressed(msg, bot_id):
             return False
         return self.cfg.scope == "all" or msg.chat.kind is ChatKind.GROUP
 

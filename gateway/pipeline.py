@@ -303,7 +303,7 @@ class Gateway:
     ) -> Decision:
         """Every deterministic rule passed and the slot is held: now the
         expensive steps, at most one classifier call, then the backend."""
-        if s.classifier is not None and s.classifier.applies(msg):
+        if s.classifier is not None and s.classifier.applies(msg, self.bot_id):
             t0 = time.perf_counter()
             verdict = await s.classifier.decide(msg, context)
             if self.metrics is not None:

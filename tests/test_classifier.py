@@ -33,6 +33,9 @@ def bot_config(endpoint: str, **extra: str) -> BotConfig:
         "timeout_seconds": "0.5",
     }
     rd.update({k[3:]: v for k, v in extra.items() if k.startswith("rd_")})
+    # people who address the bot are never classified: the tests ask it
+    # things nobody addressed to it, which it answers under respond_to: all
+    extra = {"respond_to": "all", **extra}
     policy = "".join(f"    {k}: {v}\n" for k, v in extra.items() if not k.startswith("rd_"))
     text = (
         "bots:\n  - name: helper\n    platform: http\n    backend: {type: echo}\n"
@@ -53,7 +56,31 @@ def gateway(cfg: BotConfig, store: Store, outbound: Outbound) -> Gateway:
 
 
 def ask(i: int, text: str = "what time is it?", chat: ChatRef = ROOM) -> Message:
-    return Message(f"h{i}", chat, Author("alice", "Alice"), text, mentions=("helper",))
+    """A person's message to the room, addressed to no one."""
+    return Message(f"h{i}", chat, Author("alice", "Alice"), text)
+
+
+async def test_a_person_who_addresses_the_bot_is_never_classified(
+    llm: FakeLLM, store: Store, outbound: Outbound
+) -> None:
+    """A SKIP must never silence a person who asked: a mention or a reply to
+    the bot goes straight to the backend. A bot's mention is still gated."""
+    llm.default = answer("SKIP")
+    cfg = bot_config(llm.url, bot_messages="all")
+    gw = gateway(cfg, store, outbound)
+    mention = Message("p1", ROOM, Author("alice", "Alice"), "helper, time?", mentions=("helper",))
+    replied = Message("p2", ROOM, Author("alice", "Alice"), "and now?", reply_to="helper")
+    for msg in (mention, replied):
+        d = await gw.handle(msg)
+        assert (d.action, d.reason) == (Action.REPLY, None)
+    assert llm.count == 0
+    bot = Message("b1", ROOM, Author("other", "Other", is_bot=True), "helper?",
+                  mentions=("helper",))  # fmt: skip
+    d = await gw.handle(bot)
+    assert (d.action, d.reason) == (Action.DROP, Reason.CLASSIFIER_SKIP)
+    d = await gw.handle(ask(3))  # unaddressed, under respond_to: all: gated
+    assert (d.action, d.reason) == (Action.DROP, Reason.CLASSIFIER_SKIP)
+    assert llm.count == 2
 
 
 async def test_skip_drops_and_releases_the_slot(
@@ -122,9 +149,12 @@ async def test_dms_empty_and_system_messages_are_not_classified(
     pin = Message("p", ROOM, Author("alice"), "pinned", mentions=("helper",), system=True)
     assert (await gw.handle(pin)).reason is Reason.SYSTEM_MESSAGE
     assert llm.count == 0
-    # scope all: DMs are classified too
-    gw_all = gateway(bot_config(llm.url, rd_scope="all"), store, outbound)
-    assert (await gw_all.handle(ask(3, chat=dm))).reason is Reason.CLASSIFIER_SKIP
+    # scope all: DMs are classified too, but a person's DM is addressed to the bot
+    gw_all = gateway(bot_config(llm.url, rd_scope="all", bot_messages="all"), store, outbound)
+    assert (await gw_all.handle(ask(3, chat=dm))).action is Action.REPLY
+    assert llm.count == 0
+    bot_dm = Message("b3", dm, Author("other", "Other", is_bot=True), "hi")
+    assert (await gw_all.handle(bot_dm)).reason is Reason.CLASSIFIER_SKIP
     assert llm.count == 1
 
 
@@ -187,11 +217,12 @@ async def test_replay_calls_the_classifier_never_a_backend(
         "bots:\n  - name: helper\n    platform: http\n"
         f"    backend: {{type: webhook, url: 'http://127.0.0.1:{free_port()}/never'}}\n"
         f"    reply_decision: {{enabled: true, endpoint: '{llm.url}', model: m}}\n"
+        "    respond_to: all\n"
     )
     transcript = tmp_path / "t.jsonl"
-    lines = [
-        {"chat": "c", "author": "alice", "text": "q1", "mentions": ["helper"]},
-        {"chat": "c", "author": "alice", "text": "q2", "mentions": ["helper"]},
+    lines = [  # to the room, not to the bot: the gate decides
+        {"chat": "c", "author": "alice", "text": "q1"},
+        {"chat": "c", "author": "alice", "text": "q2"},
     ]
     transcript.write_text("".join(json.dumps(x) + "\n" for x in lines))
     llm.then(answer("SKIP"), answer("REPLY"))

@@ -143,7 +143,10 @@ def test_the_summary_counts_what_was_printed(demo: Demo) -> None:
     avoided = sum(1 for line in lines if line.kind == "skip" and line.reason in LIMIT_REASONS)
     assert demo.summary("warnings posted") == str(warnings)
     assert demo.summary("backend calls") == f"{replies} made, {avoided} avoided"
-    assert demo.summary("classifier calls") == f"{replies} made, {avoided} avoided"
+    # a person who mentions a bot is answered without asking the model
+    to_people = sum(1 for line in lines if line.kind == "reply" and ", ana!" in line.text)
+    assert to_people == 2
+    assert demo.summary("classifier calls") == f"{replies - to_people} made, {avoided} avoided"
     assert avoided > 0
     assert "forever" in demo.out
 
