@@ -7,7 +7,8 @@ import asyncio
 import logging
 import sys
 from collections.abc import Sequence
-from pathlib import Path
+from contextlib import nullcontext
+from importlib import metadata
 from typing import TextIO
 
 from gateway.config import Config, ConfigError, load_config
@@ -71,8 +72,14 @@ def _replay(args: argparse.Namespace) -> int:
         bot = config.bot(name)
     except KeyError as exc:
         return _fail(str(exc.args[0]) if exc.args else str(exc))
-    if args.transcript != "-" and not Path(args.transcript).is_file():
-        return _fail(f"{args.transcript}: no such file")
+    # Whatever open() reads is a transcript: a pipe (`<(cmd)`, a fifo) as
+    # much as a file. Its error names what is wrong (missing, a directory...).
+    try:
+        source = (
+            sys.stdin if args.transcript == "-" else open(args.transcript, encoding="utf-8")  # noqa: SIM115 - closed below
+        )
+    except OSError as exc:
+        return _fail(f"{args.transcript}: {(exc.strerror or str(exc)).lower()}")
     clock = replay_clock()
     # A fresh memory store: a replay never touches the state of a running daemon.
     store = MemoryStore(
@@ -91,11 +98,8 @@ def _replay(args: argparse.Namespace) -> int:
             await outbound.close()
 
     try:
-        if args.transcript == "-":
-            asyncio.run(run(sys.stdin))
-        else:
-            with open(args.transcript, encoding="utf-8") as source:
-                asyncio.run(run(source))
+        with source if source is not sys.stdin else nullcontext(source):
+            asyncio.run(run(source))
     except ReplayError as exc:
         return _fail(f"{args.transcript}: {exc}")
     except UnicodeDecodeError as exc:
@@ -111,15 +115,24 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(delay=args.delay, color=not args.no_color)
 
 
+def _version() -> str:
+    try:
+        return metadata.version("botbouncer")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="botbouncer",
         description="A gateway in front of chat bots that stops bot loops early.",
     )
+    parser.add_argument("--version", action="version", version=f"botbouncer {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run the daemon")
-    run.add_argument("-c", "--config", required=True, metavar="FILE")
+    run.add_argument("-c", "--config", required=True, metavar="FILE",
+                     help="the YAML configuration (config.example.yml runs as it is)")  # fmt: skip
     run.add_argument("--log-level", default="info",
                      choices=["debug", "info", "warning", "error"])  # fmt: skip
     run.add_argument("--log-format", default="text", choices=["text", "json"],
@@ -127,7 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=_run)
 
     check = sub.add_parser("check-config", help="validate a configuration file")
-    check.add_argument("-c", "--config", required=True, metavar="FILE")
+    check.add_argument(
+        "-c", "--config", required=True, metavar="FILE",
+        help="the YAML configuration to check (exit 0, or 2 naming each problem)",
+    )  # fmt: skip
     check.set_defaults(func=_check_config)
 
     rep = sub.add_parser("replay", help="run a JSONL chat transcript through the pipeline")

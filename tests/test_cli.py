@@ -6,6 +6,7 @@ what is wrong - never a traceback. `python -m gateway` is the same program.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -256,3 +257,41 @@ def test_subprocess_check_config_missing_file(tmp_path: Path) -> None:
     assert res.code == 2
     assert "absent.yml" in res.err
     assert "Traceback" not in res.err
+
+
+def test_version_names_the_installed_package() -> None:
+    from importlib import metadata
+
+    res = subprocess.run([sys.executable, "-m", "gateway", "--version"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.returncode == 0
+    assert res.stdout.strip() == f"botbouncer {metadata.version('botbouncer')}"
+
+
+def test_replay_reads_a_pipe_as_a_transcript(tmp_path: Path) -> None:
+    """`botbouncer replay <(cmd)` hands over /dev/fd/N, a pipe: whatever
+    open() can read is a transcript, as is a fifo."""
+    transcript = '{"chat": "c", "author": "ann", "text": "hi", "mentions": ["bot"]}\n'
+    (tmp_path / "t.jsonl").write_text(transcript)
+    res = subprocess.run(["bash", "-c", f'"{sys.executable}" -m gateway replay <(cat t.jsonl)'],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert '"action": "reply"' in res.stdout
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen(["bash", "-c", f"cat t.jsonl > {fifo}"], cwd=tmp_path)
+    res = subprocess.run([sys.executable, "-m", "gateway", "replay", str(fifo)],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    writer.wait(timeout=10)
+    assert res.returncode == 0, res.stderr
+    assert '"action": "reply"' in res.stdout
+
+
+@pytest.mark.parametrize(("name", "error"), [("absent.jsonl", "no such file or directory"),
+                                             (".", "is a directory")])  # fmt: skip
+def test_replay_of_what_cannot_be_read_names_why(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, name: str, error: str
+) -> None:
+    code = main(["replay", str(tmp_path / name)])
+    err = capsys.readouterr().err
+    assert code == 2 and error in err and "Traceback" not in err
