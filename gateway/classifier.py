@@ -3,14 +3,17 @@
 Called only when every deterministic rule already allowed a reply. The prompt
 carries the bot's identity, the chat's recent messages with speaker names and a
 bot/human tag, and the new message: a gate that sees only the last line cannot
-tell a bot-to-bot echo from a question. The answer is SKIP only if it starts
-with SKIP; anything else - REPLY, junk, empty, a timeout, an HTTP or network
-error - means REPLY (fail open), and the cause is logged.
+tell a bot-to-bot echo from a question. The first word of the answer that is
+REPLY or SKIP decides (a reasoning model's <think> block left out); anything
+else - junk, empty, a timeout, an HTTP or network error - means REPLY (fail
+open), and the cause is logged. An answer cut off at max_tokens before the
+word is a configuration problem, logged as an error and counted as such.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,8 +48,16 @@ thanking each other. Otherwise answer REPLY. One word: REPLY or SKIP."""
 @dataclass(frozen=True, slots=True)
 class Verdict:
     reply: bool
-    result: str  # "reply", "skip" or "error" (failed open): the metric label
+    # the metric label: "reply", "skip", "error" (failed open) or "truncated"
+    # (failed open: max_tokens ran out before the word, a configuration problem)
+    result: str
     cause: str  # what the model said, or why the call failed
+
+
+# What a reasoning model thinks aloud before it answers, when the endpoint
+# returns it inline; and the answer's word, the first REPLY or SKIP.
+_THINKING = re.compile(r"<think(?:ing)?>.*?(?:</think(?:ing)?>|\Z)", re.S | re.I)
+_WORD = re.compile(r"\b(REPLY|SKIP)\b", re.I)
 
 
 def _line(name: str, bot: bool, text: str) -> str:
@@ -102,11 +113,21 @@ class Classifier:
             log.warning("reply decision for %s failed open (REPLY): %s", msg.id, exc)
             return Verdict(True, "error", str(exc))
         ms = (time.perf_counter() - started) * 1000
-        if answer.strip().upper().startswith("SKIP"):
+        text = _THINKING.sub("", answer.text).strip()
+        word = _WORD.search(text)
+        if word is not None and word.group(1).upper() == "SKIP":
             log.info("reply decision for %s: SKIP (%.0f ms)", msg.id, ms)
-            return Verdict(False, "skip", answer.strip()[:40])
-        if not answer.strip().upper().startswith("REPLY"):
-            log.warning("reply decision for %s: unclear answer %r, failing open (REPLY)",
-                        msg.id, answer[:40])  # fmt: skip
-            return Verdict(True, "error", f"unclear answer {answer[:40]!r}")
-        return Verdict(True, "reply", answer.strip()[:40])
+            return Verdict(False, "skip", text[:40])
+        if word is not None:
+            return Verdict(True, "reply", text[:40])
+        if answer.finish_reason == "length":
+            # Not a passing fault: every decision will fail open like this one
+            # until the configuration changes, so it is said as an error.
+            log.error("reply decision for %s: the model stopped at max_tokens (%d) before "
+                      "it answered REPLY or SKIP, failing open (REPLY); raise "
+                      "reply_decision.max_tokens (a reasoning model spends tokens before "
+                      "the word)", msg.id, self.cfg.max_tokens)  # fmt: skip
+            return Verdict(True, "truncated", f"cut off at max_tokens={self.cfg.max_tokens}")
+        log.warning("reply decision for %s: unclear answer %r, failing open (REPLY)",
+                    msg.id, text[:40])  # fmt: skip
+        return Verdict(True, "error", f"unclear answer {text[:40]!r}")

@@ -252,7 +252,10 @@ class ReplyDecisionPolicy(_Model):
     api_key: OptionalSecret = None
     model: OptionalStr = Field(default=None, validate_default=True)
     timeout_seconds: Float = Field(default=5.0, gt=0)
-    max_tokens: Int = Field(default=4, ge=1)
+    # A ceiling, not a target: a plain model stops after its one word, a
+    # reasoning model spends hundreds of tokens before it (cut off first, it
+    # answers nothing and every decision fails open).
+    max_tokens: Int = Field(default=1024, ge=1)
     context_messages: Int = Field(default=8, ge=0, le=50)
     scope: Literal["groups", "all"] = "groups"
     identity: OptionalStr = None  # None: the bot's name, filled in by the classifier

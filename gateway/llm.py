@@ -7,7 +7,7 @@ backend call can double-reply - and a second HTTP stack to configure)."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 
@@ -16,6 +16,13 @@ from gateway.redact import redact
 
 class LLMError(Exception):
     """The call failed; the message says how (status, timeout, bad JSON...)."""
+
+
+class Completion(NamedTuple):
+    text: str
+    # why the model stopped: "stop", or "length" when max_tokens cut it off
+    # (None when the endpoint does not say)
+    finish_reason: str | None
 
 
 def completions_url(endpoint: str) -> str:
@@ -34,8 +41,8 @@ async def chat_completion(
     timeout_seconds: float,
     api_key: str | None = None,
     temperature: float | None = None,
-) -> str:
-    """The first choice's text. Raises LLMError for anything else."""
+) -> Completion:
+    """The first choice's text and why it ended. Raises LLMError for anything else."""
     body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens}
     if temperature is not None:
         body["temperature"] = temperature
@@ -57,11 +64,13 @@ async def chat_completion(
         raise LLMError(redact(f"{type(exc).__name__}: {exc}", [api_key])) from None
     try:
         data = json.loads(raw)
-        content = data["choices"][0]["message"]["content"]
-    except (ValueError, LookupError, TypeError) as exc:
+        choice = data["choices"][0]
+        content = choice["message"]["content"]
+        finish = choice.get("finish_reason")
+    except (ValueError, LookupError, TypeError, AttributeError) as exc:
         raise LLMError(f"malformed response ({type(exc).__name__}): {shown(raw, 120)!r}") from None
     if content is None:
-        return ""
+        content = ""
     if not isinstance(content, str):
         raise LLMError(f"malformed response: content is {type(content).__name__}")
-    return content
+    return Completion(content, finish if isinstance(finish, str) else None)

@@ -102,10 +102,11 @@ class Metrics:
         self.verdict_counts: dict[str, int] = {}
         self.classifier_calls = Counter(
             "botbouncer_classifier_calls",
-            "Reply-decision calls by result: reply, skip, or error (failed open).",
+            "Reply-decision calls by result: reply, skip, error (failed open), or truncated "
+            "(failed open: max_tokens ran out before the answer, a configuration problem).",
             ["result"], registry=r,
         )  # fmt: skip
-        for result in ("reply", "skip", "error"):
+        for result in ("reply", "skip", "error", "truncated"):
             self.classifier_calls.labels(result)
         self.classifier_seconds = Timing(
             "botbouncer_classifier_seconds", "Reply-decision call latency.", SLOW_BUCKETS

@@ -14,11 +14,22 @@ from gateway.backends import EchoBackend
 from gateway.classifier import Classifier
 from gateway.cli import main
 from gateway.config import BotConfig, parse_config
+from gateway.metrics import Metrics
 from gateway.model import Action, Author, ChatKind, ChatRef, Message, Reason
 from gateway.outbound import Outbound
 from gateway.pipeline import Gateway
 from gateway.store import Store
-from tests.fakes.llm import FakeLLM, answer, close, hang, malformed, no_choices, slow, status
+from tests.fakes.llm import (
+    FakeLLM,
+    answer,
+    close,
+    hang,
+    malformed,
+    no_choices,
+    reasoning,
+    slow,
+    status,
+)
 from tests.redis_server import free_port
 
 ROOM = ChatRef("http", "room")
@@ -200,7 +211,7 @@ async def test_the_prompt_carries_identity_context_and_the_new_message(
         await gw.handle(Message(f"c{i}", ROOM, Author(who, who.title(), is_bot=bot), text))
     await gw.handle(ask(9, "Helpy, what's the plan?"))
     body = llm.calls[-1].body
-    assert body is not None and body["model"] == "gate-mini" and body["max_tokens"] == 4
+    assert body is not None and body["model"] == "gate-mini" and body["max_tokens"] == 1024
     prompt = body["messages"][-1]["content"]
     assert 'the bot "Helpy"' in prompt
     assert "- Otherbot (bot): beep\n- Carol (human): hi all" in prompt
@@ -234,3 +245,50 @@ async def test_replay_calls_the_classifier_never_a_backend(
         ("reply", None),
     ]
     assert llm.count == 2
+
+
+async def test_a_reasoning_model_gets_room_for_its_word_by_default(
+    llm: FakeLLM, store: Store, outbound: Outbound, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reasoning model spends tokens before it answers: with the default
+    budget its SKIP arrives (its thinking, which mentions REPLY, left out)."""
+    gw = gateway(bot_config(llm.url), store, outbound)
+    llm.then(reasoning("SKIP"), reasoning("REPLY"))
+    d = await gw.handle(ask(1))
+    assert (d.action, d.reason) == (Action.DROP, Reason.CLASSIFIER_SKIP)
+    assert (await gw.handle(ask(2))).action is Action.REPLY
+    assert [c.body["max_tokens"] for c in llm.calls] == [1024, 1024]
+    assert "max_tokens" not in caplog.text
+
+
+async def test_an_answer_cut_off_before_the_word_is_a_configuration_error(
+    llm: FakeLLM, store: Store, outbound: Outbound, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Cut off at max_tokens with nothing said, the gate fails open - and would
+    for every message until the config changes: said as an error, counted."""
+    metrics = Metrics()
+    cfg = bot_config(llm.url, rd_max_tokens="16")
+    classifier = Classifier(cfg.reply_decision, cfg.name, outbound)
+    gw = Gateway(cfg, store, EchoBackend(), classifier=classifier, metrics=metrics)
+    llm.default = reasoning("SKIP")
+    with caplog.at_level(logging.WARNING, logger="botbouncer.classifier"):
+        d = await gw.handle(ask(1))
+    assert d.action is Action.REPLY
+    [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert "max_tokens (16)" in record.getMessage()
+    assert "raise reply_decision.max_tokens" in record.getMessage()
+    assert metrics.classifier_calls.labels("truncated")._value.get() == 1
+
+
+@pytest.mark.parametrize(
+    ("said", "reply"),
+    [("SKIP", False), ("skip.", False), ("Answer: SKIP", False), ("REPLY - then SKIP", True),
+     ("<think>should I SKIP?</think>REPLY", True), ("I'd say: reply", True),
+     ("SKIPPING", True), ("", True)],
+)  # fmt: skip
+async def test_the_first_reply_or_skip_word_decides(
+    llm: FakeLLM, store: Store, outbound: Outbound, said: str, reply: bool
+) -> None:
+    gw = gateway(bot_config(llm.url), store, outbound)
+    llm.then(answer(said))
+    assert ((await gw.handle(ask(1))).action is Action.REPLY) == reply

@@ -87,7 +87,7 @@ def test_defaults_applied_when_omitted() -> None:
     assert (rd.enabled, rd.timeout_seconds, rd.max_tokens, rd.context_messages, rd.scope) == (
         False,
         5.0,
-        4,
+        1024,
         8,
         "groups",
     )

@@ -35,7 +35,7 @@ class OpenAIBackend:
 
     async def reply(self, msg: Message, context: Sequence[ContextEntry]) -> list[str]:
         key = self.cfg.api_key.get_secret_value() if self.cfg.api_key else None
-        text = await chat_completion(
+        text, _ = await chat_completion(
             self.outbound.session, self.url, model=self.cfg.model,
             messages=self.messages(msg, context), max_tokens=self.cfg.max_tokens,
             timeout_seconds=self.cfg.timeout_seconds, api_key=key,

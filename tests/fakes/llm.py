@@ -53,28 +53,48 @@ def _error(code: int, message: str) -> web.Response:
     return web.json_response({"error": error}, status=code)
 
 
-def answer(text: str) -> Behaviour:
+def answer(text: str, finish_reason: str = "stop") -> Behaviour:
     """200 with an ordinary chat.completion whose message content is `text`."""
 
     async def run(request: web.Request, body: Json, stopping: asyncio.Event) -> web.Response:
-        return web.json_response(
-            {
-                "id": f"chatcmpl-fake-{next(_ids)}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": body.get("model", "fake-model"),
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": text},
-                        "finish_reason": "stop",
-                    }
-                ],
-                "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11},
-            }
-        )
+        return _completion(body, text, finish_reason)
 
     return Behaviour(f"answer({text!r})", run)
+
+
+def reasoning(word: str, thinking_tokens: int = 300) -> Behaviour:
+    """A reasoning model: it spends `thinking_tokens` before its word. Under
+    a smaller max_tokens it is cut off with nothing said (content "" and
+    finish_reason "length", as OpenAI's reasoning models answer); else its
+    thinking comes inline before the word, as some open models return it."""
+
+    async def run(request: web.Request, body: Json, stopping: asyncio.Event) -> web.Response:
+        budget = body.get("max_tokens") or body.get("max_completion_tokens") or 0
+        if budget < thinking_tokens + 1:
+            return _completion(body, "", "length")
+        thought = "<think>The user asks whether to REPLY. " + "hmm " * 20 + "</think>"
+        return _completion(body, f"{thought}\n{word}", "stop")
+
+    return Behaviour(f"reasoning({word!r}, {thinking_tokens})", run)
+
+
+def _completion(body: Json, text: str, finish_reason: str) -> web.Response:
+    return web.json_response(
+        {
+            "id": f"chatcmpl-fake-{next(_ids)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", "fake-model"),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": finish_reason,
+                }
+            ],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11},
+        }
+    )
 
 
 def slow(seconds: float, then: Behaviour | None = None) -> Behaviour:
