@@ -30,7 +30,24 @@ def _check_config(args: argparse.Namespace) -> int:
         return _fail(f"{args.config}: invalid configuration\n{exc}")
     bots = ", ".join(f"{b.name} ({b.platform})" for b in config.bots)
     print(f"{args.config}: ok - store {config.store.scheme}, bots: {bots}")
+    for note in notes(config):
+        print(f"note: {note}")
     return 0
+
+
+def notes(config: Config) -> list[str]:
+    """Valid settings worth a second look (check-config prints them, exit 0)."""
+    out = []
+    for where, turns in [("defaults", config.defaults.turns)] + [
+        (f"bots[{b.name}]", b.turns) for b in config.bots
+    ]:
+        if turns.soft_limit >= turns.hard_limit:
+            out.append(
+                f"{where}.turns: soft_limit ({turns.soft_limit}) >= hard_limit "
+                f"({turns.hard_limit}): the hard limit stops a loop first and the "
+                "soft limit never warns (a hard stop only)"
+            )
+    return out
 
 
 def _run(args: argparse.Namespace) -> int:

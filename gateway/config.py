@@ -214,18 +214,8 @@ class TurnsPolicy(_Model):
     def _template(cls, value: str) -> str:
         return _check_template(value)
 
-    @model_validator(mode="after")
-    def _soft_below_hard(self) -> TurnsPolicy:
-        if self.soft_limit >= self.hard_limit:
-            raise PydanticCustomError(
-                _LOCATED,
-                "{message}",
-                {
-                    "message": f"must be less than hard_limit ({self.hard_limit})",
-                    "at": ("soft_limit",),
-                },
-            )
-        return self
+    # soft_limit >= hard_limit is valid: the hard limit fires first and the
+    # soft one never warns (only a hard stop). check-config notes it.
 
 
 class PairsPolicy(_Model):

@@ -259,13 +259,21 @@ def test_bot_name_must_be_a_nonempty_string() -> None:
 # --- the rules the validators enforce ---------------------------------------------
 
 
-def test_soft_limit_must_be_below_hard_limit() -> None:
-    assert problems("defaults: {turns: {soft_limit: 100, hard_limit: 100}}\n" + ONE_BOT) == [
-        "defaults.turns.soft_limit: must be less than hard_limit (100)"
-    ]
-    assert problems(ONE_BOT + "    turns: {hard_limit: 10}\n") == [
-        "bots[0].turns.soft_limit: must be less than hard_limit (10)"
-    ]
+def test_a_soft_limit_at_or_above_the_hard_one_is_valid_and_noted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A hard stop only (OpenAB's default has its turn cap equal to its hard
+    cap): valid, and check-config says what it means, exit 0."""
+    from gateway.cli import main
+
+    for text in ("defaults: {turns: {soft_limit: 100, hard_limit: 100}}\n" + ONE_BOT,
+                 ONE_BOT + "    turns: {soft_limit: 101, hard_limit: 100}\n"):  # fmt: skip
+        parse_config(text, env={})
+        path = tmp_path / "c.yml"
+        path.write_text(text)
+        assert main(["check-config", "-c", str(path)]) == 0
+        out = capsys.readouterr().out
+        assert "note: " in out and "the hard limit stops a loop first" in out
 
 
 def test_warning_template_may_use_only_n_and_limit() -> None:
