@@ -24,10 +24,24 @@ def _fail(message: str) -> int:
 
 
 def _check_config(args: argparse.Namespace) -> int:
+    from gateway.backends.python import PythonBackendError, importable, load_callable
+
     try:
         config = load_config(args.config)
     except ConfigError as exc:
         return _fail(f"{args.config}: invalid configuration\n{exc}")
+    # A python backend is imported as the daemon would: a module that is
+    # not there fails here, not at start.
+    importable(args.config)
+    problems = []
+    for i, bot in enumerate(config.bots):
+        if bot.backend.type == "python":
+            try:
+                load_callable(bot.backend.callable)
+            except PythonBackendError as exc:
+                problems.append(f"bots[{i}].backend.callable: {exc}")
+    if problems:
+        return _fail(f"{args.config}: invalid configuration\n" + "\n".join(problems))
     bots = ", ".join(f"{b.name} ({b.platform})" for b in config.bots)
     print(f"{args.config}: ok - store {config.store.scheme}, bots: {bots}")
     for note in notes(config):
@@ -61,12 +75,14 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from gateway.backends.python import importable
     from gateway.daemon import StartupError, serve
 
     try:
         config = load_config(args.config)
     except ConfigError as exc:
         return _fail(f"{args.config}: invalid configuration\n{exc}")
+    importable(args.config)
     try:
         asyncio.run(serve(config, path=args.config))
     except StartupError as exc:
@@ -75,6 +91,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
+    from gateway.backends.python import importable
     from gateway.daemon import build_gateway, context_size
     from gateway.outbound import Outbound
     from gateway.replay import ReplayError, replay, replay_clock
@@ -84,6 +101,7 @@ def _replay(args: argparse.Namespace) -> int:
         config = load_config(args.config) if args.config else Config.default()
     except ConfigError as exc:
         return _fail(f"{args.config}: invalid configuration\n{exc}")
+    importable(args.config)
     name = args.as_bot or config.bots[0].name
     try:
         bot = config.bot(name)

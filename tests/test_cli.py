@@ -295,3 +295,37 @@ def test_replay_of_what_cannot_be_read_names_why(
     code = main(["replay", str(tmp_path / name)])
     err = capsys.readouterr().err
     assert code == 2 and error in err and "Traceback" not in err
+
+
+def test_a_python_backend_beside_the_config_imports_from_anywhere(tmp_path: Path) -> None:
+    """`botbouncer` (the installed script) puts its own bin directory first on
+    sys.path, not the working directory: a module beside the config file, or
+    in the working directory, must import all the same; a missing one fails
+    check-config naming where it looked."""
+    bots = tmp_path / "bots"
+    bots.mkdir()
+    (bots / "mybot_beside.py").write_text("async def reply(msg):\n    return 'hi ' + msg.text\n")
+    (bots / "c.yml").write_text(
+        "bots:\n  - {name: bot, platform: http, backend: {type: python, "
+        "callable: 'mybot_beside:reply'}}\n"
+    )
+    (bots / "missing.yml").write_text(
+        "bots:\n  - {name: bot, platform: http, backend: {type: python, "
+        "callable: 'no_such_mod_x:reply'}}\n"
+    )
+    script = Path(sys.executable).parent / "botbouncer"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    for cwd, config in ((tmp_path, "bots/c.yml"), (bots, "c.yml")):
+        res = subprocess.run([str(script), "check-config", "-c", config], cwd=cwd, env=env,
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert res.returncode == 0, res.stderr
+    transcript = '{"chat": "c", "author": "ann", "text": "yo", "mentions": ["bot"]}\n'
+    res = subprocess.run([str(script), "replay", "-", "-c", "bots/c.yml"], cwd=tmp_path, env=env,
+                         input=transcript, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.returncode == 0 and '"action": "reply"' in res.stdout, res.stderr
+    res = subprocess.run([str(script), "check-config", "-c", "bots/missing.yml"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.returncode == 2
+    assert "bots[0].backend.callable: cannot import 'no_such_mod_x'" in res.stderr
+    assert "config file's directory, the working directory" in res.stderr
+    assert "Traceback" not in res.stderr

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from gateway import config
@@ -18,10 +21,30 @@ class PythonBackendError(Exception):
     pass
 
 
+def importable(config_file: str | None) -> None:
+    """Let `module:function` name a module beside the config file or in the
+    working directory, as users expect: the `botbouncer` script's own
+    directory is what Python puts first on sys.path, not either of those.
+    Appended after the installed packages, which keep their precedence."""
+    dirs = [str(Path(config_file).resolve().parent)] if config_file else []
+    dirs.append(os.getcwd())
+    for folder in dirs:
+        if folder not in sys.path:
+            sys.path.append(folder)
+
+
 def load_callable(spec: str) -> Callable[..., Any]:
     module_name, _, attr = spec.partition(":")
     try:
         obj: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name.split(".")[0]:
+            raise PythonBackendError(f"cannot import {module_name!r}: {exc}") from None
+        raise PythonBackendError(
+            f"cannot import {module_name!r}: no module {exc.name!r} in the config file's "
+            "directory, the working directory or the installed packages (add its "
+            "directory to PYTHONPATH, or pip install it)"
+        ) from None
     except Exception as exc:  # the user's module: any import error is theirs to see
         raise PythonBackendError(f"cannot import {module_name!r}: {exc}") from None
     for part in attr.split("."):
