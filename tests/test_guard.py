@@ -5,6 +5,7 @@ Redis, with one injected clock."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -427,7 +428,8 @@ async def test_sessions_are_independent_and_reset_forgets(guard: Guard) -> None:
     assert (await guard.step("two", {"tool": "x", "args": {}})).decision == "allow"
     state = await guard.state("one")
     assert state is not None and state["steps"] == 2
-    assert [e["t"] for e in state["hist"]] == ["x", "x"]
+    assert [e["tool"] for e in state["recent_calls"]] == ["x", "x"]
+    assert state["tools"] == {"x": {"calls": 2, "failure_streak": 0, "same_result_streak": 0}}
     await guard.reset("one")
     assert await guard.state("one") is None
     assert (await guard.step("one", {"tool": "x", "args": {}})).decision == "allow"
@@ -487,3 +489,32 @@ async def test_concurrent_steps_for_one_session_allow_exactly_the_ceiling(make: 
     got = await asyncio.gather(*(guard.step("s", {"tool": f"t{i}", "args": {}}) for i in range(20)))
     assert sorted(a.decision for a in got) == ["allow"] * 10 + ["block"] * 10
     assert {a.reason for a in got if a.decision == "block"} == {"step_limit"}
+
+
+async def test_a_session_reads_back_as_documented_fields_without_the_agents_words(
+    guard: Guard,
+) -> None:
+    """GET /v1/guard/{session}: readable names, and none of what the agent
+    sent (its arguments, outputs and questions) in the answer."""
+    secret_words = "zebracode quokkalaunch mooncrater"
+    await guard.step("s", {"tool": "search", "args": {"q": secret_words}})
+    await guard.result("s", {"tool": "search", "ok": False, "output": secret_words})
+    await guard.retry("s", {"task": "fetch", "input": secret_words})
+    await guard.handoff("s", {"source": "planner", "target": "coder"})
+    await guard.kb_query("s", {"question": secret_words})
+    await guard.usage("s", {"cost_usd": 0.25, "tokens": 1200})
+    state = await guard.state("s")
+    assert state is not None
+    assert set(state) == {
+        "profile", "created_at", "updated_at", "steps", "blocked", "tools", "recent_calls",
+        "identical_run", "retries", "handoffs", "knowledge_topics", "context", "spent",
+    }  # fmt: skip
+    assert state["tools"]["search"] == {"calls": 1, "failure_streak": 1, "same_result_streak": 1}
+    assert state["retries"] == {"fetch": {"in_window": 1}}
+    assert state["handoffs"] == {"count": 1, "chain": ["planner", "coder"]}
+    assert state["knowledge_topics"] == 1
+    assert state["spent"] == {"usd": 0.25, "tokens": 1200}
+    assert isinstance(state["created_at"], float) and state["created_at"] > 1e9
+    text = json.dumps(state)
+    for word in secret_words.split():
+        assert word not in text

@@ -105,8 +105,8 @@ async def run_script(client: TestClient[Any, Any]) -> list[tuple[int, Any]]:
         async with client.request(method, path, json=body) as resp:
             payload = await resp.json()
             if isinstance(payload.get("state"), dict):  # timestamps differ between runs
-                payload["state"].pop("created", None)
-                payload["state"].pop("updated", None)
+                payload["state"].pop("created_at", None)
+                payload["state"].pop("updated_at", None)
             out.append((resp.status, payload))
     return out
 
@@ -195,3 +195,20 @@ def test_sighup_applies_new_guard_profiles() -> None:
     new = parse_config(GUARD.replace("strict:", "careful:"))
     assert daemon.reload(new) == []  # no restart needed
     assert set(daemon.guard.config.profiles) == {"default", "careful"}
+
+
+async def test_a_session_read_over_http_matches_its_documented_schema(
+    redis_url: str, key_prefix: str
+) -> None:
+    """The answer of GET /v1/guard/{session} has exactly the fields the
+    OpenAPI document's SessionView names."""
+    async with served("memory", redis_url, key_prefix) as client:
+        async with client.post("/v1/guard/s1/step", json={"tool": "t", "args": {"a": 1}}) as r:
+            assert r.status == 200
+        async with client.get("/v1/guard/s1") as resp:
+            body = await resp.json()
+    schema = OPENAPI["components"]["schemas"]["SessionView"]
+    assert body["session"] == "s1"
+    assert set(body["state"]) == set(schema["properties"]) == set(schema["required"])
+    call = OPENAPI["components"]["schemas"]["CallView"]
+    assert set(body["state"]["recent_calls"][0]) == set(call["properties"])

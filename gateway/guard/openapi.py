@@ -13,6 +13,7 @@ from gateway.guard.service import (
     KbQueryBody,
     ResultBody,
     RetryBody,
+    SessionView,
     StepBody,
     UsageBody,
 )
@@ -111,13 +112,26 @@ def _document() -> dict[str, Any]:
                 "responses": _responses(),
             }
         }
+    view = SessionView.model_json_schema(ref_template="#/components/schemas/{model}")
+    schemas.update(view.pop("$defs", {}))
+    schemas["SessionView"] = view
     paths["/v1/guard/{session}"] = {
         "get": {
             "operationId": "getSession",
             "summary": "The session's state and history",
             "parameters": [_SESSION],
             "responses": {
-                "200": _json("the state", {"type": "object"}),
+                "200": _json(
+                    "the session, by documented names",
+                    {
+                        "type": "object",
+                        "required": ["session", "state"],
+                        "properties": {
+                            "session": {"type": "string"},
+                            "state": {"$ref": "#/components/schemas/SessionView"},
+                        },
+                    },
+                ),
                 "404": _json("no such session", _ERROR),
                 **_responses(answer=False),
             },

@@ -416,12 +416,98 @@ class Guard:
         return await self._check(session, profile, "usage", payload)
 
     async def state(self, session: str) -> dict[str, Any] | None:
-        """The session's state and history, or None when there is none."""
+        """The session as a person reads it (`view`), or None when there is none."""
         check_session(session)
         raw = await self.engine.run(session, "state", "{}", "{}", "", None)
         state = json.loads(raw[2])
-        return state or None
+        return view(state) if state else None
 
     async def reset(self, session: str) -> None:
         check_session(session)
         await self.engine.run(session, "reset", "{}", "{}", "", None)
+
+
+class ToolView(BaseModel):
+    calls: int = Field(description="calls of this tool in the session")
+    failure_streak: int = Field(description="failed results in a row")
+    same_result_streak: int = Field(description="results unchanged in a row")
+
+
+class CallView(BaseModel):
+    tool: str | None
+    call: str | None = Field(description="hash of the tool and its normalised arguments")
+    result: str | None = Field(description="hash of its result, null before one is reported")
+
+
+class SessionView(BaseModel):
+    """GET /v1/guard/{session}: what the detectors hold, by documented names.
+    What the agent sent is not repeated: calls and results appear as the
+    hashes the detectors compare, knowledge-base questions only as a count."""
+
+    profile: str | None
+    created_at: float | None = Field(description="Unix time, seconds")
+    updated_at: float | None = Field(description="Unix time, seconds")
+    steps: int
+    blocked: int = Field(description="checks answered block")
+    tools: dict[str, ToolView] = Field(description="the most recently used tools")
+    recent_calls: list[CallView] = Field(description="oldest first")
+    identical_run: int = Field(description="the newest call repeated this many times in a row")
+    retries: dict[str, dict[str, int]] = Field(
+        description="per task: `in_window`, its retries within the retry window"
+    )
+    handoffs: dict[str, Any] = Field(description="`count`, and the `chain` of agents, oldest first")
+    knowledge_topics: int
+    context: dict[str, int] = Field(description="`total_tokens`, `growth_streak`")
+    spent: dict[str, float] = Field(description="`usd`, `tokens`")
+
+
+def _ms(value: Any) -> float | None:
+    return value / 1000 if isinstance(value, int | float) else None
+
+
+def _count(value: Any) -> int:
+    return int(value) if isinstance(value, int | float) else 0
+
+
+def view(state: dict[str, Any]) -> dict[str, Any]:
+    """The stored state (compact keys the script keeps small) as a SessionView."""
+    tools = state.get("tools") or {}
+    run = state.get("run") or {}
+    cost = state.get("cost") or {}
+    hand = state.get("hand") or {}
+    ctx = state.get("ctx") or {}
+    retry = state.get("retry") or {}
+    return SessionView(
+        profile=state.get("profile"),
+        created_at=_ms(state.get("created")),
+        updated_at=_ms(state.get("updated")),
+        steps=_count(state.get("steps")),
+        blocked=_count(state.get("blocked")),
+        tools={
+            name: ToolView(
+                calls=_count(t.get("n")),
+                failure_streak=_count(t.get("fail")),
+                same_result_streak=_count(t.get("same")),
+            )
+            for name, t in sorted(tools.items())
+            if isinstance(t, dict)
+        },
+        recent_calls=[
+            CallView(tool=e.get("t"), call=e.get("s"), result=e.get("r"))
+            for e in state.get("hist") or []
+            if isinstance(e, dict)
+        ],
+        identical_run=_count(run.get("n")),
+        retries={
+            task: {"in_window": len(r.get("ts") or [])}
+            for task, r in sorted(retry.items())
+            if isinstance(r, dict)
+        },
+        handoffs={"count": _count(hand.get("n")), "chain": list(hand.get("chain") or [])},
+        knowledge_topics=len(state.get("kb") or {}),
+        context={
+            "total_tokens": _count(ctx.get("total")),
+            "growth_streak": _count(ctx.get("grow")),
+        },
+        spent={"usd": _count(cost.get("usd")) / 1_000_000, "tokens": _count(cost.get("tok"))},
+    ).model_dump()
