@@ -2,17 +2,24 @@
 
 Every secret a loaded config holds (each `SecretStr` field: platform tokens,
 `http.admin_token`, API keys, webhook headers, the Telegram webhook secret;
-and the password of any URL, such as the Redis one) is remembered process-wide
-by `load_config`. The daemon's log handler carries a `RedactingFilter`, which
-replaces each of them, in every form a library may print it (URL-encoded,
-JSON- or repr-escaped, base64), with `***` in the message, the traceback and
-the stack of every record, whichever logger it came from (httpx logs request
-URLs, and a Telegram token is part of the Bot API URL). Error messages built
-from what a remote end answered (a webhook or an LLM endpoint may echo the
-request's headers) are masked where they are built, before they are cut short.
+and the password in the user info or `password=` parameter of any URL, plain
+string field or not: the Redis URL, a webhook `url`, an OpenAI `endpoint`) is
+remembered process-wide by `load_config`. The daemon's log handler carries a
+`RedactingFilter`, which replaces each of them, in every form a library may
+print it, with `***` in the message, the traceback and the stack of every
+record, whichever logger it came from (httpx logs request URLs, and a Telegram
+token is part of the Bot API URL). Those forms: percent-encoded in any of the
+ways URL libraries do it (yarl leaves `!$&+` of a password as they are, urllib
+encodes them), JSON- or repr-escaped, and base64 at any byte offset, so that
+the `Basic` header aiohttp makes of `user:password` in a URL (or any other
+`prefix:secret`) is recognised without knowing the prefix; the whole base64
+run around it is masked. Error messages built from what a remote end answered
+(a webhook or an LLM endpoint may echo the request's headers) are masked where
+they are built, before they are cut short.
 
 Values shorter than MIN_LENGTH characters are not masked: they would garble
-every line and protect nothing.
+every line and protect nothing (and a 4-character one in base64 only where it
+starts the encoding: at other offsets too little of it shows to be sure).
 """
 
 from __future__ import annotations
@@ -21,8 +28,9 @@ import base64
 import json
 import logging
 import re
+import string
 from collections.abc import Iterable, Iterator
-from urllib.parse import parse_qsl, quote, quote_plus, urlsplit
+from urllib.parse import unquote, unquote_plus, urlsplit
 
 from pydantic import BaseModel, SecretStr
 
@@ -39,6 +47,7 @@ __all__ = [
 
 MASK = "***"
 MIN_LENGTH = 4
+_MIN_CORE = 6  # base64 characters: 36 bits, see _base64_cores
 
 _FORMATTER = logging.Formatter()
 
@@ -53,7 +62,8 @@ def _parts(secret: str) -> Iterator[str]:
 
 
 def _url_secrets(text: str) -> Iterator[str]:
-    """The password in a URL's user info or its `password=` query parameter."""
+    """The password in a URL's user info or its `password=` query parameter, as
+    written and decoded: aiohttp sends the decoded user info as a Basic header."""
     if "://" not in text:
         return
     try:
@@ -63,9 +73,12 @@ def _url_secrets(text: str) -> Iterator[str]:
         return
     if password:
         yield password
-    for key, value in parse_qsl(parts.query):
-        if key.lower() == "password" and value:
+        yield unquote(password)
+    for pair in re.split("[&;]", parts.query):
+        key, _, value = pair.partition("=")
+        if unquote_plus(key).lower() == "password" and value:
             yield value
+            yield unquote_plus(value)
 
 
 def secret_values(model: BaseModel) -> set[str]:
@@ -74,7 +87,9 @@ def secret_values(model: BaseModel) -> set[str]:
 
     def walk(value: object) -> None:
         if isinstance(value, SecretStr):
-            found.update(_parts(value.get_secret_value()))
+            secret = value.get_secret_value()
+            found.update(_parts(secret))
+            found.update(_url_secrets(secret))
         elif isinstance(value, str):
             found.update(_url_secrets(value))
         elif isinstance(value, BaseModel):
@@ -91,28 +106,72 @@ def secret_values(model: BaseModel) -> set[str]:
     return {s for s in found if len(s) >= MIN_LENGTH}
 
 
-def _forms(secret: str) -> set[str]:
-    """How `secret` may look once a library has printed it."""
+# Characters no URL encoder escapes (RFC 3986 "unreserved").
+_UNRESERVED = frozenset(string.ascii_letters + string.digits + "-._~")
+# Both base64 alphabets; a masked base64 run extends over all of these.
+_BASE64 = frozenset(string.ascii_letters + string.digits + "+/-_")
+
+
+def _percent_patterns(secret: str) -> list[str]:
+    """Regexes for `secret` with each character that is not unreserved either as
+    it is or percent-encoded, in either case: encoders disagree on which to
+    escape (urllib's quote and quote_plus, yarl, httpx), so no list of their
+    outputs is complete. One regex per way of writing the first character: a
+    pattern whose every alternative starts with a literal is searched for
+    several times faster."""
+    chars = []
+    for char in secret:
+        if char in _UNRESERVED:
+            chars.append([re.escape(char)])
+            continue
+        encoded = "".join(
+            "%" + "".join(f"[{d}{d.lower()}]" if d.isalpha() else d for d in f"{byte:02X}")
+            for byte in char.encode("utf-8", "surrogatepass")
+        )
+        chars.append([re.escape(char), encoded, *([r"\+"] if char == " " else [])])
+    rest = "".join(c[0] if len(c) == 1 else f"(?:{'|'.join(c)})" for c in chars[1:])
+    return [first + rest for first in chars[0]]
+
+
+def _base64_cores(raw: bytes) -> set[str]:
+    """What base64 shows of `raw` whatever comes before and after it: for each of
+    the three byte offsets the encoding may start at, the characters made of
+    `raw`'s bits alone (the first ones also carry the prefix's bits, the last
+    one the suffix's). A `Basic` header encodes `user:secret`, the secret at
+    the offset len(user) + 1. A core shorter than _MIN_CORE is left out (for
+    offset 0, the encoding of `raw` alone stands in): a masked core takes the
+    whole run of base64 characters around it, a URL path for one, so a chance
+    match of a few characters would hide much."""
+    cores = set()
+    for encode in (base64.b64encode, base64.urlsafe_b64encode):
+        for offset, mixed in ((0, 0), (1, 2), (2, 3)):
+            whole = 8 * (offset + len(raw)) // 6
+            core = encode(b"\0" * offset + raw).decode("ascii")[mixed:whole]
+            if len(core) >= _MIN_CORE:
+                cores.add(core)
+            elif offset == 0:
+                alone = encode(raw).decode("ascii")
+                cores |= {alone, alone.rstrip("=")}
+    return {c for c in cores if len(c) >= MIN_LENGTH}
+
+
+def _forms(secret: str) -> tuple[dict[str, int], set[str]]:
+    """How `secret` may look once a library has printed it: regexes (each with
+    the length it sorts by) and the base64 cores among them."""
     raw = secret.encode("utf-8", "surrogatepass")
-    errors = "surrogatepass"  # an environment variable may carry lone surrogates
-    quoted = {
-        quote(secret, safe="", errors=errors),
-        quote(secret, errors=errors),
-        quote_plus(secret, errors=errors),
-    }
-    forms = {
-        secret,
-        *quoted,
-        *(re.sub(r"%[0-9A-F]{2}", lambda m: m.group().lower(), q) for q in quoted),
+    percent = _percent_patterns(secret)
+    literal = {
         json.dumps(secret)[1:-1],
         json.dumps(secret, ensure_ascii=False)[1:-1],
         repr(secret)[1:-1],
         repr(raw)[2:-1],
     }
-    for encode in (base64.b64encode, base64.urlsafe_b64encode):
-        encoded = encode(raw).decode("ascii")
-        forms |= {encoded, encoded.rstrip("=")}
-    return {f for f in forms if len(f) >= MIN_LENGTH}
+    forms = dict.fromkeys(percent, len(secret))
+    either = "|".join(percent)
+    forms.update((re.escape(f), len(f)) for f in literal if not re.fullmatch(either, f, re.DOTALL))
+    cores = _base64_cores(raw)
+    forms.update((re.escape(c), len(c)) for c in cores)
+    return forms, cores
 
 
 class Redactor:
@@ -120,6 +179,8 @@ class Redactor:
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         self._secrets: set[str] = set()
+        self._forms: dict[str, int] = {}
+        self._cores: set[str] = set()
         self._pattern: re.Pattern[str] | None = None
         self.add(secrets)
 
@@ -131,16 +192,37 @@ class Redactor:
         new = {p for s in secrets for p in _parts(s) if len(p) >= MIN_LENGTH} - self._secrets
         if not new:
             return
-        known = self._secrets | new
-        forms = {f for s in known for f in _forms(s)}
+        for secret in new:
+            forms, cores = _forms(secret)
+            for form, length in forms.items():
+                self._forms[form] = max(length, self._forms.get(form, 0))
+            self._cores |= cores
         # Longest first, so a form is never half-masked by a shorter one.
-        alternatives = sorted(forms, key=lambda f: (-len(f), f))
-        self._pattern = re.compile("|".join(re.escape(f) for f in alternatives))
-        self._secrets = known
+        alternatives = sorted(self._forms, key=lambda f: (-self._forms[f], f))
+        self._pattern = re.compile("|".join(alternatives), re.DOTALL)
+        self._secrets |= new
 
     def __call__(self, text: str) -> str:
         pattern = self._pattern
-        return text if pattern is None else pattern.sub(MASK, text)
+        if pattern is None or (found := pattern.search(text)) is None:
+            return text
+        out: list[str] = []
+        done, end = 0, len(text)
+        while found is not None:
+            start, stop = found.span()
+            if found.group() in self._cores:  # the whole base64 run it is part of
+                while start > done and text[start - 1] in _BASE64:
+                    start -= 1
+                while stop < end and text[stop] in _BASE64:
+                    stop += 1
+                for _ in range(2):
+                    if stop < end and text[stop] == "=":
+                        stop += 1
+            out += (text[done:start], MASK)
+            done = stop
+            found = pattern.search(text, done)
+        out.append(text[done:])
+        return "".join(out)
 
 
 # Every secret of every config this process loaded (see load_config).

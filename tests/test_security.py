@@ -34,6 +34,7 @@ from urllib.parse import quote, quote_plus
 import aiohttp
 import pytest
 import yaml
+import yarl
 from aiohttp import web
 
 import gateway.redact as redact_module
@@ -46,6 +47,7 @@ from gateway.redact import MASK, RedactingFilter, Redactor, redact
 from tests.fakes.discord import FakeDiscord, populate
 from tests.fakes.llm import FakeLLM
 from tests.fakes.telegram import FakeTelegram
+from tests.fakes.webhook import FakeWebhook
 from tests.redis_server import free_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -383,6 +385,123 @@ async def test_llm_and_webhook_errors_never_quote_a_configured_secret(
     # Masked where the error message is built: not even the raw records hold them.
     secrets.assert_absent(logs.raw, "the log records (before the log filter)")
     logs.assert_clean(secrets)
+
+
+def derived_forms(secret: str, user: str) -> dict[str, str]:
+    """What a request made of `secret` carries: a Basic header of `user:secret`
+    (aiohttp's, for a password in a URL's user info), its credential alone in
+    either base64 alphabet, padded or not, and a Bearer header."""
+    forms = {"Bearer": f"Bearer {secret}"}
+    for alphabet, encode in (("standard", base64.b64encode),
+                             ("urlsafe", base64.urlsafe_b64encode)):  # fmt: skip
+        for what, raw in (("user:secret", f"{user}:{secret}"), ("secret", secret)):
+            encoded = encode(raw.encode()).decode()
+            forms[f"base64 {alphabet} of {what}"] = encoded
+            forms[f"base64 {alphabet} of {what}, unpadded"] = encoded.rstrip("=")
+    return forms
+
+
+@pytest.mark.parametrize("logs", ["text", "json"], indirect=True)
+async def test_a_webhook_url_password_and_the_basic_header_made_of_it_never_reach_the_logs(
+    tmp_path: Path, logs: Captured, secrets: Secrets, hook: FakeWebhook
+) -> None:
+    """Finding 6: `url: http://user:${SECRET}@host/hook`, a plain str field, and a
+    webhook that answers 401 quoting the Authorization header aiohttp made of
+    the URL's user info. The password has characters a URL must encode (so it
+    is written encoded, and aiohttp decodes it) and ones yarl leaves as they
+    are."""
+    user = "bb-user"
+    password = f"p@ss:w/rd+$ !-{uuid.uuid4().hex}"
+    secrets.values["webhook-url-password"] = password
+    env = {"BB_WH_PASS": quote(password, safe="")}
+
+    async def echo_authorization(_: asyncio.Event) -> web.StreamResponse:
+        return web.Response(text=f"bad key: {hook.headers[-1].get('Authorization')}", status=401)
+
+    hook.default = echo_authorization
+    url = hook.url.replace("http://", f"http://{user}:${{BB_WH_PASS}}@")
+    bot = {"name": "wh", "platform": "http", "respond_to": "all",
+           "backend": {"type": "webhook", "url": url}}  # fmt: skip
+    cfg = load_config(write_config(tmp_path, {"http": listen(), "bots": [bot]}), env=env)
+    async with started(cfg) as (_, base), aiohttp.ClientSession() as http:
+        msg = {"chat": "room", "author": "alice", "text": "hello"}
+        status, body = await fetch(http, "POST", f"{base}/v1/bots/wh/messages", json=msg)
+        assert status == 200 and json.loads(body)["reason"] == "backend_error", body
+        logs.note(body)
+
+    basic = base64.b64encode(f"{user}:{password}".encode()).decode()
+    assert [h.get("Authorization") for h in hook.headers] == [f"Basic {basic}"]
+    # Masked where the error message was built: not even the records before the
+    # log filter hold it ...
+    for where, text in (("log output", logs.output), ("log records", logs.raw)):
+        for line in text.splitlines():
+            for form, shown in derived_forms(password, user).items():
+                assert shown not in line, f"the {where} shows the {form}: {line}"
+    logs.assert_clean(secrets)
+    secrets.assert_absent(logs.raw, "the log records (before the log filter)")
+    # ... and the echo did reach the log (so the test can fail).
+    assert "webhook answered HTTP 401: 'bad key: Basic ***'" in logs.output
+
+
+def test_the_password_of_every_configured_url_is_a_secret_as_written_and_decoded() -> None:
+    """Plain str fields too: a webhook `url`, an OpenAI `endpoint`, the store
+    `url`, Telegram's `webhook_url`, `api_base`; the password as the URL spells
+    it (percent-encoded) and as a client sends it (decoded)."""
+    words = {n: f"{n}-p@ss:{uuid.uuid4().hex}" for n in
+             ("webhook", "openai", "store", "tg-hook", "api-base", "query")}  # fmt: skip
+    enc = {n: quote(w, safe="") for n, w in words.items()}
+    bots = [
+        {"name": "w", "platform": "http",
+         "backend": {"type": "webhook", "url": f"http://u:{enc['webhook']}@h.example/hook"}},
+        {"name": "o", "platform": "http",
+         "backend": {"type": "openai", "endpoint": f"https://u:{enc['openai']}@h.example/v1",
+                     "model": "m"}},
+        {"name": "t", "platform": "telegram", "token": "1:abcd",
+         "api_base": f"https://:{enc['api-base']}@h.example",
+         "backend": {"type": "webhook", "url": f"http://h.example/?password={enc['query']}"},
+         "telegram": {"webhook_url": f"https://bot:{enc['tg-hook']}@h.example/v1/webhooks/t",
+                      "secret_token": "hook-secret"}},
+    ]  # fmt: skip
+    store = {"url": f"redis://:{enc['store']}@127.0.0.1:6379/0"}
+    found = redact_module.secret_values(parse_config(yaml.safe_dump({"store": store,
+                                                                     "bots": bots})))  # fmt: skip
+    for name, word in words.items():
+        assert {word, enc[name]} <= found, name
+
+
+def test_the_redactor_masks_the_forms_a_request_makes_of_a_secret(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(redact_module, "SECRETS", Redactor())
+    secret = f"p@ss w!rd$+é/.-{uuid.uuid4().hex}"
+    core = secret.rsplit("-", 1)[1]
+    redactor = Redactor([secret])
+    texts = {
+        f"Basic with user {user!r}: {form}": f"Authorization: Basic {shown}, next"
+        for user in ("", "u", "us", "use", "bb-user")
+        for form, shown in derived_forms(secret, user).items()
+        if form != "Bearer"
+    }
+    texts.update({
+        "Bearer": f"Authorization: Bearer {secret}",
+        "base64 with more after it": base64.b64encode(f"u:{secret}:more".encode()).decode(),
+        "yarl's user info (keeps !$+, encodes @ space é /)":
+            str(yarl.URL.build(scheme="http", host="h", user="u", password=secret)),
+        "yarl's query": str(yarl.URL("http://h/").with_query(password=secret)),
+        "lower-case percent": quote(secret, safe="").lower(),
+        "mixed percent": quote(secret, safe="").replace("%40", "@").replace("%21", "!"),
+    })  # fmt: skip
+    for what, text in texts.items():
+        masked = redactor(text)
+        assert MASK in masked, what
+        assert core[:8] not in masked and core[-8:] not in masked, (what, masked)
+        for form, shown in derived_forms(secret, "u").items():
+            assert shown.rstrip("=")[-12:] not in masked, (what, form, masked)
+    assert redactor(texts["Basic with user 'bb-user': base64 standard of user:secret"]) == (
+        f"Authorization: Basic {MASK}, next"
+    )
+    plain = "decision bot=b chat=http:room id=m1 author=alice action=reply reason=- turn=human"
+    assert redactor(plain) == plain
 
 
 async def test_an_llm_error_masks_the_key_before_it_is_cut_short(secrets: Secrets) -> None:

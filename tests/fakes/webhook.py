@@ -57,6 +57,7 @@ class FakeWebhook:
     def __init__(self) -> None:
         self.default: Answer = reply_json({"reply": "ok"})
         self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []  # each request's, as sent (an answer may echo them)
         self.active = 0  # requests being answered now
         self.peak = 0  # the most at once
         self.queue: deque[Answer] = deque()
@@ -69,6 +70,7 @@ class FakeWebhook:
         return self
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.headers.append(dict(request.headers))
         self.requests.append(await request.json())
         answer = self.queue.popleft() if self.queue else self.default
         self.active += 1
