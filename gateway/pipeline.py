@@ -8,6 +8,7 @@ taken before the first slow await and given back when nothing is sent.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import OrderedDict
@@ -39,9 +40,21 @@ log = logging.getLogger("botbouncer.decision")
 Busy = Callable[[], AbstractAsyncContextManager[object]]
 
 
+def _value(text: str) -> str:
+    """A field of a decision line, quoted (as a JSON string) when it holds what
+    would let it read as more than one field: a space, `=`, a quote. Chats,
+    ids and authors come from whoever posts to the ingress; `author=x
+    action=reply` must not read as an action. (Control characters are the
+    text formatter's to escape.)"""
+    if text and " " not in text and "=" not in text and '"' not in text:
+        return text
+    return json.dumps(text, ensure_ascii=False)
+
+
 def decision_line(d: Decision) -> str:
     """The text of a decision's log line (its fields also go with the record)."""
-    return (f"decision bot={d.bot} chat={d.chat} id={d.message_id} author={d.author} "
+    return (f"decision bot={d.bot} chat={_value(d.chat)} id={_value(d.message_id)} "
+            f"author={_value(d.author)} "
             f"action={d.action._value_} reason={d.reason._value_ if d.reason else '-'} "
             f"turn={d.turn._value_} soft={d.soft} hard={d.hard}")  # fmt: skip
 

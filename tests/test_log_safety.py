@@ -189,3 +189,23 @@ def test_lines_without_a_control_character_are_written_as_logging_writes_them() 
         plain = logging.Formatter(TEXT_FORMAT).format(logging.makeLogRecord(made.__dict__))
         assert TextFormatter().format(made) == plain
         assert json.loads(JsonFormatter().format(made))["message"] == msg
+
+
+def test_a_decision_line_quotes_fields_that_would_read_as_more_fields() -> None:
+    """Spaces, `=` and quotes in a chat, id or author posted to the ingress
+    cannot make the line read as another decision: the field is quoted."""
+    from gateway.model import Action, Decision, Turn
+    from gateway.pipeline import decision_line
+
+    def decision(chat: str, msg_id: str, author: str) -> Decision:
+        return Decision(bot="b", chat=chat, message_id=msg_id, author=author,
+                        action=Action.DROP, reason=None, turn=Turn.OK, soft=1, hard=1,
+                        at=0.0)  # fmt: skip
+
+    line = decision_line(decision("http:x action=reply", 'm" 1', "x author=admin"))
+    assert line == (
+        'decision bot=b chat="http:x action=reply" id="m\\" 1" '
+        'author="x author=admin" action=drop reason=- turn=ok soft=1 hard=1'
+    )
+    plain = decision("http:room", "m1", "alice")
+    assert "chat=http:room id=m1 author=alice action=drop" in decision_line(plain)
