@@ -40,7 +40,7 @@ log = logging.getLogger("botbouncer.decision")
 Busy = Callable[[], AbstractAsyncContextManager[object]]
 
 
-def _value(text: str) -> str:
+def log_value(text: str) -> str:
     """A field of a decision line, quoted (as a JSON string) when it holds what
     would let it read as more than one field: a space, `=`, a quote. Chats,
     ids and authors come from whoever posts to the ingress; `author=x
@@ -53,8 +53,8 @@ def _value(text: str) -> str:
 
 def decision_line(d: Decision) -> str:
     """The text of a decision's log line (its fields also go with the record)."""
-    return (f"decision bot={d.bot} chat={_value(d.chat)} id={_value(d.message_id)} "
-            f"author={_value(d.author)} "
+    return (f"decision bot={d.bot} chat={log_value(d.chat)} id={log_value(d.message_id)} "
+            f"author={log_value(d.author)} "
             f"action={d.action._value_} reason={d.reason._value_ if d.reason else '-'} "
             f"turn={d.turn._value_} soft={d.soft} hard={d.hard}")  # fmt: skip
 
