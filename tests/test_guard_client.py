@@ -5,14 +5,19 @@ one, their tool decorators, failing open, and errors that name the problem."""
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
 
 from gateway.config import parse_config
+from gateway.guard import client as client_module
 from gateway.guard.client import (
     AsyncGuardClient,
     GuardBlocked,
@@ -182,3 +187,30 @@ async def test_the_async_decorator_and_calls(async_url: str) -> None:
     unreachable = AsyncGuardClient(f"http://127.0.0.1:{free_port()}", session="s", timeout=2)
     async with unreachable:
         assert (await unreachable.step("x")).reachable is False
+
+
+def test_the_client_file_alone_runs_on_a_bare_python(threaded_url: str, tmp_path: Path) -> None:
+    """gateway/guard/client.py copied alone next to an agent, run by a Python
+    with no site packages at all (-S -E -s: no aiohttp, no botbouncer): the sync
+    client imports, and blocks the fourth identical call."""
+    shutil.copy(Path(client_module.__file__), tmp_path / "guard_client.py")
+    agent = (
+        "from guard_client import GuardBlocked, GuardClient\n"
+        f"guard = GuardClient({threaded_url!r}, session='bare-1')\n"
+        "@guard.tool()\n"
+        "def search(q):\n"
+        "    return [q]\n"
+        "for _ in range(3):\n"
+        "    search('tides')\n"
+        "try:\n"
+        "    search('tides')\n"
+        "except GuardBlocked as exc:\n"
+        "    print('blocked', exc.answer.reason)\n"
+        "import sys\n"
+        "print('aiohttp' in sys.modules)\n"
+    )
+    (tmp_path / "agent.py").write_text(agent)
+    res = subprocess.run([sys.executable, "-S", "-E", "-s", "agent.py"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["blocked", "identical_call", "False"]

@@ -1,5 +1,9 @@
 """A Python client for the agent guard, async (aiohttp) and sync (stdlib).
 
+This file needs nothing but the standard library to import and to run
+`GuardClient` (it may be copied alone into an agent's code base);
+`AsyncGuardClient` imports aiohttp when it makes its first request.
+
     guard = GuardClient("http://127.0.0.1:8080", session="run-42")
 
     @guard.tool()
@@ -23,10 +27,11 @@ import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from urllib.parse import quote
 
-import aiohttp
+if TYPE_CHECKING:
+    import aiohttp
 
 log = logging.getLogger("botbouncer.guard.client")
 
@@ -176,12 +181,16 @@ class AsyncGuardClient(_Base):
             self._http = None
 
     async def _request(self, method: str, op: str | None, body: Any = None) -> tuple[int, Any]:
+        import aiohttp  # only here: GuardClient runs on the standard library alone
+
         if self._http is None:
             self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
         async with self._http.request(method, self._url(op), json=body) as resp:
             return resp.status, await resp.json(content_type=None)
 
     async def _check(self, op: str, body: dict[str, Any]) -> GuardAnswer:
+        import aiohttp
+
         try:
             status, answer = await self._request("POST", op, body)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
