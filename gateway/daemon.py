@@ -66,8 +66,9 @@ def find_adapter(platform: str) -> AdapterFactory:
             module = importlib.import_module(f"adapters.{platform}")
         except ModuleNotFoundError as exc:
             if exc.name not in (f"adapters.{platform}", "adapters"):
-                raise StartupError(f"the {platform} adapter needs {exc.name!r}: "
-                                   f"pip install {exc.name}") from None  # fmt: skip
+                raise StartupError(f"the {platform} adapter needs {exc.name!r}, which is "
+                                   f"not installed: pip install 'botbouncer[{platform}]' "
+                                   "(or botbouncer[all])") from None  # fmt: skip
             raise StartupError(f"no adapter for platform {platform!r} in this version") from None
     factory: AdapterFactory = getattr(module, "create")  # noqa: B009 - a module's API
     return factory

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -152,3 +154,33 @@ async def test_run_serves_until_sigterm_then_exits_0(tmp_path: Path) -> None:
 def test_the_default_config_has_one_http_echo_bot() -> None:
     bot = Config.default().bots[0]
     assert (bot.name, bot.platform, bot.backend.type) == ("bot", "http", "echo")
+
+
+def test_a_platform_sdk_not_installed_names_the_extra_to_install(tmp_path: Path) -> None:
+    """`pip install botbouncer` brings no platform SDK: a Discord bot in the
+    config, with discord.py not importable, is a startup error naming the
+    extra, while HTTP bots run on the core alone."""
+    blocker = tmp_path / "sitecustomize.py"
+    blocker.write_text(
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('discord', 'telegram'):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+    )
+    config = tmp_path / "d.yml"
+    config.write_text("bots:\n  - {name: d, platform: discord, token: x, backend: {type: echo}}\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    res = subprocess.run([sys.executable, "-m", "gateway", "run", "-c", str(config)], env=env,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.returncode == 2
+    assert "pip install 'botbouncer[discord]'" in res.stderr
+    assert "Traceback" not in res.stderr
+    probe = (
+        "import gateway.daemon, sys; "
+        "print(any(m.split('.')[0] in ('discord', 'telegram') for m in sys.modules))"
+    )
+    res = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+    assert res.stdout.strip() == "False", res.stderr
