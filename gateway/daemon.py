@@ -230,6 +230,7 @@ class Daemon:
         for adapter in self.adapters:
             await adapter.stop_intake()
         self.inflight.close()
+        self.server.stopping = True
         if self._runner is not None:
             for site in list(self._runner.sites):
                 await site.stop()  # no new connections

@@ -8,6 +8,7 @@ is JSON with a message and bad input is never a 5xx.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -75,6 +76,7 @@ class HttpServer:
         # Every configured bot, in config order: whose limits an admin command reads.
         self.admins: dict[str, Admin] = {}
         self.health = Health(store)
+        self.stopping = False  # set by the daemon's stop: a cancelled request is then a 503
         self.app = web.Application(client_max_size=MAX_BODY, middlewares=[self._errors])
         r = self.app.router
         r.add_get("/healthz", self._healthz)
@@ -126,6 +128,17 @@ class HttpServer:
             return error(exc.status, str(exc))
         except ShuttingDown:
             return error(503, "botbouncer is shutting down; send this to another replica")
+        except asyncio.CancelledError:
+            if not self.stopping:
+                raise  # the client went away: nothing to answer
+            # Cancelled at the end of the shutdown grace period: its slot was
+            # given back and nothing was sent. Say so rather than drop the
+            # connection (the task goes on only to write this answer).
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            return error(503, "botbouncer stopped before this message was answered; nothing "
+                         "was sent for it: send it again, to another replica")  # fmt: skip
         except StoreError as exc:
             # The gauge is the failover's to set (Daemon wires it): one
             # refused call is no switch to local memory.
