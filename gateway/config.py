@@ -604,6 +604,18 @@ class HttpConfig(_Model):
 
     listen: str = "127.0.0.1:8080"
     admin_token: OptionalSecret = None  # None: the admin API answers 403
+    # What one client can hold of the server (gateway/httpserve.py): a request
+    # head must arrive within header_timeout_seconds (of the connection's start
+    # or the head's first byte), its whole body within body_timeout_seconds of
+    # the head; a keep-alive connection idle for idle_timeout_seconds is closed
+    # (longer than the 60 s of common proxies and load balancers, so they close
+    # first); past max_connections open at once a new one gets a 503 and is
+    # closed. A 64 KB body at the deadline is ~2 KB/s, slower than any real
+    # client; 1,000 connections at the worst (a 64 KB body each) are ~100 MB.
+    header_timeout_seconds: Float = Field(default=10.0, gt=0, le=3600)
+    body_timeout_seconds: Float = Field(default=30.0, gt=0, le=3600)
+    idle_timeout_seconds: Float = Field(default=75.0, gt=0, le=86400)
+    max_connections: Int = Field(default=1000, ge=1, le=MAX_COUNT)
 
     @field_validator("listen")
     @classmethod

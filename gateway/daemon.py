@@ -29,6 +29,7 @@ from gateway.config import BotConfig, Config, ConfigError, Policy, load_config
 from gateway.guard.engine import engine_for
 from gateway.guard.service import Guard
 from gateway.http import HttpServer
+from gateway.httpserve import BACKLOG, Runner, fit_open_files
 from gateway.inflight import InFlight
 from gateway.metrics import Metrics
 from gateway.outbound import Outbound
@@ -181,9 +182,14 @@ class Daemon:
     async def start(self) -> str:
         """Start the HTTP server and every adapter; return the URL listened on."""
         http = self.config.http
-        self._runner = web.AppRunner(self.server.app, access_log=None, shutdown_timeout=1.0)
+        fit_open_files(http.max_connections)
+        # The http section is read per connection: a reload's deadlines and
+        # cap apply from the next one (gateway/httpserve.py).
+        self._runner = Runner(
+            self.server.app, lambda: self.config.http, access_log=None, shutdown_timeout=1.0
+        )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, http.host, http.port)
+        site = web.TCPSite(self._runner, http.host, http.port, backlog=BACKLOG)
         try:
             await site.start()
         except OSError as exc:
