@@ -1,6 +1,7 @@
 """What the Redis benchmarks share: a private redis-server when one can be
 started (tests/redis_server.py), else the Redis at REDIS_URL, checked first;
-the PASS/MISS word; and the run-and-report `main` around a measurement."""
+the PASS/MISS word; the run-and-report `main` around a measurement; and
+waiting for a daemon started as a process to answer /healthz."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
@@ -97,3 +99,20 @@ def main_on_redis(name: str, measure: Callable[[str, bool], Coroutine[Any, Any, 
     print(f"({time.perf_counter() - started:.1f} s)")
     print(last)
     return 0
+
+
+async def wait_healthy(url: str, proc: Any, what: str = "the daemon") -> None:
+    """Until `url`/healthz answers 200; RuntimeError if `proc` exits first or 30 s pass."""
+    async with aiohttp.ClientSession() as http:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{what} exited with {proc.returncode}")
+            try:
+                async with http.get(f"{url}/healthz") as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)  # a process starting up: nothing to await but its port
+    raise RuntimeError(f"{what} did not answer /healthz within 30 s")

@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+from _redis import wait_healthy
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -41,22 +42,6 @@ def free_port() -> int:
     sys.path.insert(0, str(ROOT / "tests"))
     port: int = importlib.import_module("redis_server").free_port()
     return port
-
-
-async def wait_healthy(url: str, proc: subprocess.Popen[bytes], what: str) -> None:
-    async with aiohttp.ClientSession() as http:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{what} exited with {proc.returncode}")
-            try:
-                async with http.get(f"{url}/healthz") as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)  # a process starting up: nothing to await but its port
-    raise RuntimeError(f"{what} did not answer /healthz within 30 s")
 
 
 async def drive(url: str, tag: str) -> tuple[float, dict[str, int]]:

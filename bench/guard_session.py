@@ -29,7 +29,6 @@ memory_last_first=<x> redis_session_kb=<x> memory_session_kb=<x>`.
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import json
 import os
@@ -44,7 +43,7 @@ from typing import Any
 
 import aiohttp
 import redis.asyncio as aioredis
-from _redis import ROOT, delete_matching, main_on_redis, verdict
+from _redis import ROOT, delete_matching, main_on_redis, verdict, wait_healthy
 
 NAMES = int(os.environ.get("BENCH_NAMES", "20000"))
 WINDOW = min(1000, max(1, NAMES // 4))  # calls (of one kind, or of all) at each end
@@ -112,21 +111,6 @@ def start(store_url: str, port: int, workdir: str, root: Path) -> subprocess.Pop
     )
 
 
-async def wait_healthy(http: aiohttp.ClientSession, url: str, proc: Any) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the daemon exited with {proc.returncode}")
-        try:
-            async with http.get(f"{url}/healthz") as resp:
-                if resp.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.1)  # a process starting up: nothing to await but its port
-    raise RuntimeError("the daemon did not answer /healthz within 30 s")
-
-
 def body(kind: str, i: int) -> dict[str, Any]:
     if kind == "kb-query":
         return {"question": f"what does clause {i} of contract {i * 7919} say?"}
@@ -174,7 +158,7 @@ async def run_engine(engine: str, redis_url: str, private: bool, root: Path, wor
         if rclient is not None:
             await rclient.delete(KEY)
         async with aiohttp.ClientSession() as http:
-            await wait_healthy(http, url, proc)
+            await wait_healthy(url, proc)
             for i in range(200):  # warm: connections, script cache
                 await call(http, f"{url}/v1/guard/warm-{i}/step", {"tool": "t", "args": {}})
             if timed is not None:
