@@ -14,31 +14,20 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gateway.config import ConfigError, GuardConfig, parse_config
+from gateway.config import ConfigError, GuardConfig
 from gateway.guard.engine import MemoryEngine, RedisEngine
 from gateway.guard.service import Guard, GuardInputError
 from gateway.http import HttpServer
 from gateway.store import MemoryStore
 from gateway.store.redis import RedisStore
 from tests.conftest import delete_prefix
+from tests.test_guard import Clock, guard_config
 
 # README "Operations": with the default bounds a session's stored value stays
 # under this, for names of up to 40 characters (typically 1-5 KB).
 SESSION_BYTES = 50 * 1024
 BOT = "bots: [{name: a, platform: http, backend: {type: echo}}]\n"
 NO_CEILINGS = "steps: {max_steps: 1000000, max_per_tool: 1000000}"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def guard_config(yaml_guard: str = "") -> GuardConfig:
-    return parse_config(yaml_guard + BOT).guard
 
 
 def profile(text: str) -> GuardConfig:
