@@ -17,7 +17,7 @@ from gateway.config import BotConfig
 from gateway.http import BadRequest, HttpServer
 from gateway.model import Action, Decision
 from gateway.pipeline import Gateway
-from gateway.wire import FieldError, decision_fields, parse_message
+from gateway.wire import FieldError, decision_fields, parse_input
 
 
 def _new_id(prefix: str) -> str:
@@ -40,9 +40,10 @@ class HttpAdapter:
         self.server.remove_ingress(self.bot.name)
 
     async def handle(self, body: Any) -> tuple[int, dict[str, Any]]:
+        # `at` is checked like every field, but the store's clock decides.
         try:
-            msg = parse_message(body, platform="http", default_id=_new_id("in"),
-                                bot_id=self.gateway.bot_id)  # fmt: skip
+            msg = parse_input(body, platform="http", default_id=_new_id("in"),
+                              bot_id=self.gateway.bot_id).message  # fmt: skip
         except FieldError as exc:
             raise BadRequest(str(exc)) from None
         # Tracked from decision to counted reply: a stopping daemon lets both finish.

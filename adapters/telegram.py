@@ -83,55 +83,117 @@ _ADDRESSING = (MessageEntity.MENTION, MessageEntity.TEXT_MENTION, MessageEntity.
 FOREIGN = "foreign"
 
 
+# Reading a message: python-telegram-bot's de_json builds its objects from
+# whatever it is given, as long as the fields its constructors require are
+# there. A message without `chat` gets chat None; a chat id may be a string, a
+# text a list, an entity's offset null, a sender's is_bot "yes". Telegram sends
+# none of these, but a webhook takes what is POSTed with the secret and a Bot
+# API server may have its own bugs: every field read here is checked for the
+# type the Bot API gives it, and a message that cannot be placed (no chat, no
+# usable id) is ignored with a line saying why - never a 500 or a traceback.
+
+
+class Unreadable(Exception):
+    """A message the gateway cannot decide on; the text says what is odd."""
+
+
+def _int(value: object) -> int | None:
+    """An id or a count as the Bot API sends one (a bool is no number)."""
+    return value if type(value) is int else None
+
+
+def _str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _show(value: object) -> str:
+    return "missing" if value is None else f"{type(value).__name__} {str(value)[:40]!r}"
+
+
+def _thread(m: TgMessage) -> int | None:
+    """The forum topic a message is in (the General topic has none)."""
+    return _int(m.message_thread_id) if m.is_topic_message is True else None
+
+
 def chat_of(m: TgMessage) -> ChatRef:
-    """Chat id plus the forum topic when the message is in one (the General
-    topic has none); a private chat is a DM."""
-    kind = ChatKind.DM if m.chat.type == ChatType.PRIVATE else ChatKind.GROUP
-    topic = str(m.message_thread_id) if m.is_topic_message and m.message_thread_id else None
-    return ChatRef(platform="telegram", id=str(m.chat.id), topic=topic, kind=kind)
+    """Chat id plus the forum topic when the message is in one; a private
+    chat is a DM. Unreadable when there is no chat or its id is no number."""
+    chat = m.chat
+    if chat is None:
+        raise Unreadable("its message has no chat")
+    chat_id = _int(chat.id)
+    if chat_id is None:
+        raise Unreadable(f"its chat id is {_show(chat.id)}, not a number")
+    kind = ChatKind.DM if chat.type == ChatType.PRIVATE else ChatKind.GROUP
+    thread = _thread(m)
+    topic = str(thread) if thread else None
+    return ChatRef(platform="telegram", id=str(chat_id), topic=topic, kind=kind)
+
+
+def _full_name(user: User) -> str:
+    return " ".join(p for p in (_str(user.first_name), _str(user.last_name)) if p)
 
 
 def author_of(m: TgMessage) -> Author:
     """The sender. A message posted as a chat (an anonymous group admin, a
     linked channel) comes from a placeholder bot account, GroupAnonymousBot or
-    Channel_Bot, on behalf of people: it is a person speaking, never a bot turn."""
-    if m.sender_chat is not None:
-        chat = m.sender_chat
-        return Author(str(chat.id), clean(chat.title or chat.username), False)
+    Channel_Bot, on behalf of people: it is a person speaking, never a bot turn.
+    A sender without a usable id is "unknown", a person; one whose is_bot is
+    anything but false is a bot, erring towards stopping a loop."""
+    chat = m.sender_chat
+    if chat is not None and _int(chat.id) is not None:
+        return Author(str(chat.id), clean(_str(chat.title) or _str(chat.username)), False)
     user = m.from_user
-    if user is None:  # not sent by Telegram for messages in chats; never crash on it
+    if user is None or _int(user.id) is None:  # Telegram always says who, in chats
         return Author("unknown", "", False)
-    return Author(str(user.id), clean(user.full_name), user.is_bot)
+    return Author(str(user.id), clean(_full_name(user)), user.is_bot is not False)
 
 
-def entity_texts(text: str, entities: Sequence[MessageEntity]) -> dict[MessageEntity, str]:
+def entity_texts(text: str, entities: object) -> list[tuple[MessageEntity, str]]:
     """The text each addressing entity covers, counted in UTF-16 code units as
     Telegram does. PTB's own parse_entities raises on a lone surrogate in the
     text or an entity that cuts a surrogate pair; here an entity before, past
-    or inside the text covers what is there, half characters as U+FFFD."""
+    or inside the text covers what is there, half characters as U+FFFD. An
+    entity without a numeric offset and length covers nothing. (Pairs, not a
+    dict: an entity whose type is a list cannot be hashed.)"""
+    if not isinstance(entities, Sequence):
+        return []
     units = text.encode("utf-16-le", "surrogatepass")
-    out: dict[MessageEntity, str] = {}
+    out: list[tuple[MessageEntity, str]] = []
     for entity in entities:
-        if entity.type in _ADDRESSING:
-            start = max(0, entity.offset)
-            end = max(start, entity.offset + entity.length)
-            out[entity] = units[2 * start : 2 * end].decode("utf-16-le", "replace")
+        if not isinstance(entity, MessageEntity) or entity.type not in _ADDRESSING:
+            continue
+        offset, length = _int(entity.offset), _int(entity.length)
+        if offset is None or length is None:
+            continue
+        start = max(0, offset)
+        end = max(start, offset + length)
+        out.append((entity, units[2 * start : 2 * end].decode("utf-16-le", "replace")))
     return out
 
 
 def to_message(update: Update, me: User) -> Message:
-    """A Telegram message as the gateway sees it."""
+    """A Telegram message as the gateway sees it; Unreadable names what keeps
+    it from being one."""
     m = update.message
     assert m is not None  # dispatch() passes messages only
+    message_id = _int(m.message_id)
+    if message_id is None:
+        raise Unreadable(f"its message_id is {_show(m.message_id)}, not a number")
+    chat = chat_of(m)
     own = (me.username or "").lower()
-    if m.text is not None:
-        text, entities = m.text, entity_texts(m.text, m.entities)
+    text = _str(m.text)
+    if text is not None:
+        entities = entity_texts(text, m.entities)
     else:
-        text, entities = m.caption or "", entity_texts(m.caption or "", m.caption_entities)
+        text = _str(m.caption) or ""
+        entities = entity_texts(text, m.caption_entities)
     mentions: set[str] = set()
-    for entity, said in entities.items():
-        if entity.type == MessageEntity.TEXT_MENTION and entity.user is not None:
-            mentions.add(str(entity.user.id))
+    for entity, said in entities:
+        if entity.type == MessageEntity.TEXT_MENTION:
+            user_id = None if entity.user is None else _int(entity.user.id)
+            if user_id is not None:
+                mentions.add(str(user_id))
         elif entity.type == MessageEntity.MENTION and said[1:].lower() == own:
             mentions.add(str(me.id))
         elif entity.type == MessageEntity.BOT_COMMAND and said.partition("@")[2].lower() == own:
@@ -140,11 +202,11 @@ def to_message(update: Update, me: User) -> Message:
     replied = m.reply_to_message
     # In a forum topic, a message that replies to nothing carries the topic's
     # opening (forum_topic_created) as reply_to_message: that is not a reply.
-    if replied is not None and replied.forum_topic_created is None:
+    if isinstance(replied, TgMessage) and replied.forum_topic_created is None:
         reply_to = author_of(replied).id
     return Message(
-        id=str(m.message_id),
-        chat=chat_of(m),
+        id=str(message_id),
+        chat=chat,
         author=author_of(m),
         text=clean(text),
         mentions=tuple(sorted(mentions)),
@@ -153,10 +215,19 @@ def to_message(update: Update, me: User) -> Message:
     )
 
 
+def update_kinds(update: Update) -> str:
+    """What an update carries ("edited_message", "callback_query"...), for the
+    line that says it was ignored."""
+    kinds = [k for k in Update.ALL_TYPES if getattr(update, k, None) is not None]
+    # kinds PTB does not know, shown so that no key can forge a log line
+    kinds += [k if k.isidentifier() else repr(k[:40]) for k in update.api_kwargs]
+    return ", ".join(kinds) or "nothing"
+
+
 def admin_command(m: TgMessage, username: str) -> str | None:
     """`status`, `limits soft=5`, ... for `/bouncer_<command>[@thisbot] args`;
     FOREIGN for a /bouncer_ command addressed to another bot; None otherwise."""
-    text = clean(m.text)
+    text = clean(_str(m.text))
     if not text.startswith("/" + COMMAND_PREFIX):
         return None
     head, *args = text.split()  # any whitespace: "/bouncer_why\n5" is "why 5"
@@ -422,19 +493,28 @@ class TelegramAdapter:
         return web.json_response({})
 
     async def dispatch(self, update: Update) -> None:
-        """One update: an admin command, or a message for the gateway."""
+        """One update: an admin command, a message for the gateway, or
+        ignored with a line saying why."""
         m = update.message
-        if m is None or self.me is None:
+        if self.me is None:
+            return
+        if m is None:  # edits, channel posts, callbacks...: no conversation turns
+            log.debug("bot %s: update %s ignored: it carries %s, not a new message",
+                      self.bot.name, update.update_id, update_kinds(update))  # fmt: skip
+            return
+        try:
+            msg = to_message(update, self.me)
+        except Unreadable as exc:
+            log.info("bot %s: update %s ignored: %s", self.bot.name, update.update_id, exc)
             return
         command = admin_command(m, self.me.username or "")
         if command == FOREIGN:
             return
         if command is not None:
-            await self._admin(m, command)
+            await self._admin(m, msg, command)
             return
-        msg = to_message(update, self.me)
         d = await self.gateway.handle(
-            msg, busy=lambda: typing_beside(lambda: self._typing(m), f"chat {m.chat.id}")
+            msg, busy=lambda: typing_beside(lambda: self._typing(m), f"chat {msg.chat.id}")
         )
         if d.action is Action.REPLY and d.replies:
             await self._post(m, d, list(d.replies), reply=True)
@@ -450,7 +530,7 @@ class TelegramAdapter:
             return await self.app.bot.send_message(
                 m.chat.id,
                 text,
-                message_thread_id=m.message_thread_id if m.is_topic_message else None,
+                message_thread_id=_thread(m),
                 reply_parameters=(
                     ReplyParameters(m.message_id, allow_sending_without_reply=True)
                     if reply
@@ -473,32 +553,35 @@ class TelegramAdapter:
     @asynccontextmanager
     async def _typing(self, m: TgMessage) -> AsyncIterator[None]:
         """ "typing…": Telegram shows it for 5 s or until the bot's next message."""
-        thread = m.message_thread_id if m.is_topic_message else None
-        await self.app.bot.send_chat_action(m.chat.id, ChatAction.TYPING, message_thread_id=thread)
+        await self.app.bot.send_chat_action(
+            m.chat.id, ChatAction.TYPING, message_thread_id=_thread(m)
+        )
         yield
 
     # -- admin commands -----------------------------------------------------------
 
     async def is_admin(self, m: TgMessage) -> bool:
-        """Configured user ids, or the chat's administrators (DESIGN §3.7)."""
+        """Configured user ids, or the chat's administrators (DESIGN §3.7).
+        Called with a message to_message could read: its chat id is a number."""
         user = m.from_user
-        if user is not None and str(user.id) in self.bot.admins.user_ids:
+        user_id = None if user is None else _int(user.id)
+        if user_id is not None and str(user_id) in self.bot.admins.user_ids:
             return True
         if m.chat.type == ChatType.PRIVATE:
             return False
         if m.sender_chat is not None:
             # Only administrators can post as the group itself (anonymously).
             return m.sender_chat.id == m.chat.id
-        if user is None:
+        if user_id is None:
             return False
-        member = await self.app.bot.get_chat_member(m.chat.id, user.id)
+        member = await self.app.bot.get_chat_member(m.chat.id, user_id)
         return member.status in ADMIN_STATUSES
 
-    async def _admin(self, m: TgMessage, command: str) -> None:
+    async def _admin(self, m: TgMessage, msg: Message, command: str) -> None:
         """Run an admin command and answer it in the chat. The answer is filed
         as an aside, not a turn: no bot counts or answers it."""
-        chat = chat_of(m)
-        actor = f"telegram:{author_of(m).id}"
+        chat = msg.chat
+        actor = f"telegram:{msg.author.id}"
         try:
             allowed = await self.is_admin(m)
         except TelegramError as exc:

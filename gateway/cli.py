@@ -121,6 +121,7 @@ def _replay(args: argparse.Namespace) -> int:
         state_ttl_seconds=config.store.state_ttl_seconds,
         settings_ttl_seconds=config.store.settings_ttl_seconds,
         context_size=context_size(config),
+        max_chats=config.store.max_chats,
     )
     outbound = Outbound()
     # The classifier runs when the config enables it; a backend never does.

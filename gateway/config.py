@@ -539,6 +539,12 @@ class StoreConfig(_Model):
     # How long one Redis call may take before the message is decided on this
     # process's memory instead (and the store reports itself degraded).
     timeout_seconds: Float = Field(default=0.5, gt=0, le=10)
+    # Chats this process's memory holds (memory://, and Redis's local fallback);
+    # past it the least recently used is forgotten. The ingress takes no token,
+    # so without a bound anyone who reaches it could grow the daemon for the
+    # state TTL. 100,000 chats of a few messages each are ~330 MB; were every
+    # one at its bounds (50 decisions, 128 dedupe ids, full context) ~5 GB.
+    max_chats: Int = Field(default=100_000, ge=1, le=10_000_000)
 
     @field_validator("url")
     @classmethod

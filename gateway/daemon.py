@@ -152,6 +152,7 @@ class Daemon:
             state_ttl_seconds=config.store.state_ttl_seconds,
             settings_ttl_seconds=config.store.settings_ttl_seconds,
             context_size=context_size(config),
+            max_chats=config.store.max_chats,
         )
         self.metrics = Metrics()
         if isinstance(self.store, FailoverStore):

@@ -14,7 +14,7 @@ from typing import TextIO
 
 from gateway.model import Message
 from gateway.pipeline import Gateway
-from gateway.wire import FieldError, decision_fields, parse_at, parse_message
+from gateway.wire import FieldError, decision_fields, parse_input
 
 
 class ReplayError(Exception):
@@ -32,16 +32,22 @@ class _Clock:
 
 
 def parse_line(raw: str, line: int, prev_at: float | None, bot_id: str) -> tuple[Message, float]:
-    """One transcript line as a Message and its time; ReplayError names what is wrong."""
+    """One transcript line as a Message and its time; ReplayError names what is
+    wrong, the fields in the words the HTTP ingress uses (gateway/wire.py)."""
     try:
         obj = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise ReplayError(line, f"invalid JSON: {exc.msg} (column {exc.colno})") from None
+    except ValueError as exc:  # an integer past Python's digit limit
+        raise ReplayError(line, f"invalid JSON: {exc}") from None
+    except RecursionError:
+        raise ReplayError(line, "invalid JSON: nested too deeply") from None
     try:
-        msg = parse_message(obj, platform="replay", default_id=f"m{line}", bot_id=bot_id)
-        at = parse_at(obj, 0.0 if prev_at is None else prev_at + 1.0)
+        given = parse_input(obj, platform="replay", default_id=f"m{line}", bot_id=bot_id)
     except FieldError as exc:
         raise ReplayError(line, str(exc)) from None
+    msg = given.message
+    at = given.at if given.at is not None else 0.0 if prev_at is None else prev_at + 1.0
     if prev_at is not None and at < prev_at:
         raise ReplayError(line, f"at: goes back in time ({at} after {prev_at})")
     return msg, at

@@ -18,7 +18,7 @@ from gateway.store.base import (
     Store,
     StoreError,
 )
-from gateway.store.memory import MemoryStore
+from gateway.store.memory import MAX_CHATS, MemoryStore
 
 __all__ = [
     "AdmitRequest",
@@ -37,17 +37,20 @@ __all__ = [
 ]
 
 
-def open_store(url: str, *, timeout: float = 0.5, **kwargs: Any) -> Store:
+def open_store(
+    url: str, *, timeout: float = 0.5, max_chats: int = MAX_CHATS, **kwargs: Any
+) -> Store:
     """The store a `store.url` names (the URL was validated with the config).
 
     Redis comes with this process's memory behind it: a call that fails or
     takes longer than `timeout` seconds is answered locally (FailoverStore).
+    `max_chats` bounds that memory, whichever it is (Redis has its maxmemory).
     """
     if url.startswith("memory://"):
-        return MemoryStore(**kwargs)
+        return MemoryStore(max_chats=max_chats, **kwargs)
     # only daemons on Redis pay for these imports
     from gateway.store.failover import FailoverStore
     from gateway.store.redis import RedisStore
 
     primary = RedisStore.from_url(url, call_timeout=timeout, **kwargs)
-    return FailoverStore(primary, MemoryStore(**kwargs), timeout=timeout)
+    return FailoverStore(primary, MemoryStore(max_chats=max_chats, **kwargs), timeout=timeout)

@@ -2,13 +2,24 @@
 
 It mirrors gateway/store/lua/*.lua step for step; tests/store/ runs the same
 contract suite against both.
+
+Unlike Redis it has no maxmemory, and the ingress that feeds it takes no
+token: past `max_chats` (store.max_chats) the least recently used chat is
+forgotten, as a Redis under `volatile-lru` would, and a warning says how many,
+at most once a minute. A chat is kept compact for the same reason: measured
+with tracemalloc over 50,000 chats of four messages, 6.3 KB a chat with a
+deque per log and context, a set per dedupe record, a dict per log entry and
+per chat; 3.1 KB with lists, flat tuples and slots (at its bounds - 50
+decisions, 128 dedupe ids, full context - 105 KB then, 53 KB now).
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
+from time import monotonic
 from typing import Any
 
 from gateway.model import LATE_TURN_REASONS, TURN_REASONS, Action, Decision, Reason, Turn
@@ -30,13 +41,37 @@ from gateway.store.base import (
 )
 from gateway.turns import Count, verdict
 
+log = logging.getLogger("botbouncer.store")
+
 # Dedupe memory per chat: the last message ids with the bots that handled them,
 # oldest evicted first. Long enough for every bot behind the store to observe a
 # message and for a platform to redeliver it; small enough to stay cheap.
 DEDUPE_ENTRIES = 128
+# store.max_chats's default; see StoreConfig.
+MAX_CHATS = 100_000
+WARN_EVERY = 60.0  # seconds between warnings that chats were forgotten
+
+_NO_OVERRIDES = Overrides()  # frozen: one for every chat that has none
+# A decision log entry is kept as the tuple of its values when it has these
+# keys in this order (every entry the pipeline writes): a dict of nine costs
+# 2.5 times as much.
+_LOG_KEYS = tuple(Decision("", "", "", "", Action.DROP, None, Turn.NONE, 0, 0).log_entry())
+_LogEntry = tuple[Any, ...] | dict[str, Any]
+# A dedupe record, one flat tuple: (kind, soft, hard) as counted, then the bots
+# that handled the message (nearly always one; a set would cost 216 bytes, a
+# record of three objects 100 more than one).
+_Record = tuple[Any, ...]
 
 
-@dataclass
+def _pack(entry: dict[str, Any]) -> _LogEntry:
+    return tuple(entry.values()) if tuple(entry) == _LOG_KEYS else entry
+
+
+def _unpack(entry: _LogEntry) -> dict[str, Any]:
+    return dict(zip(_LOG_KEYS, entry, strict=True)) if isinstance(entry, tuple) else entry
+
+
+@dataclass(slots=True, eq=False)
 class _Chat:
     exists: bool = False  # turn state exists (a human in an unknown chat creates none)
     soft: int = 0
@@ -45,20 +80,26 @@ class _Chat:
     last: str | None = None  # author of the previous bot turn
     spoke: dict[str, int] = field(default_factory=dict)
     claims: dict[str, int] = field(default_factory=dict)
-    # message id -> (kind, soft, hard) as counted, and the bots that handled it
-    ids: OrderedDict[str, tuple[tuple[str, int, int], set[str]]] = field(
-        default_factory=OrderedDict
-    )
+    # message id -> its dedupe record, oldest first (dicts keep insertion order)
+    ids: dict[str, _Record] = field(default_factory=dict)
     windows: dict[str, list[int]] = field(default_factory=dict)
     cooldowns: dict[str, int] = field(default_factory=dict)
     rate: dict[str, dict[str, int]] = field(default_factory=dict)
     holds: dict[str, int] = field(default_factory=dict)  # hold_name -> when it lapses
-    context: deque[ContextEntry] = field(default_factory=deque)
-    log: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=DECISION_LOG_SIZE))
+    # Lists, oldest first: a deque costs 600 bytes before its first entry.
+    context: list[ContextEntry] = field(default_factory=list)
+    log: list[_LogEntry] = field(default_factory=list)
     state_expires: int = 0
     paused: bool = False
-    overrides: Overrides = field(default_factory=Overrides)
+    overrides: Overrides = _NO_OVERRIDES
     settings_expires: int = 0
+
+    def forget_state(self) -> None:
+        """What the state TTL covers; settings, rate, pair windows and holds have their own."""
+        self.exists, self.soft, self.hard, self.epoch, self.last = False, 0, 0, 0, None
+        self.spoke, self.claims, self.ids = {}, {}, {}
+        self.context, self.log = [], []
+        self.state_expires = 0
 
 
 class MemoryStore:
@@ -71,13 +112,18 @@ class MemoryStore:
         settings_ttl_seconds: float = 90 * 86400,
         context_size: int = 8,
         dedupe_entries: int = DEDUPE_ENTRIES,
+        max_chats: int = MAX_CHATS,
     ) -> None:
-        self._chats: dict[str, _Chat] = {}
+        # least recently used first
+        self._chats: OrderedDict[str, _Chat] = OrderedDict()
         self._state_ttl = int(state_ttl_seconds * 1000)
         self._settings_ttl = int(settings_ttl_seconds * 1000)
         self._context_size = context_size
         self._dedupe = dedupe_entries
+        self.max_chats = max_chats
         self._ops = 0
+        self._evicted = 0  # forgotten before they expired, since the last warning
+        self._warned_at = -float("inf")
 
     # -- plumbing ---------------------------------------------------------
 
@@ -90,11 +136,16 @@ class MemoryStore:
         Admin calls pass no time: they must not expire state that admits wrote
         under an injected clock.
         """
-        chat = self._chats.get(key)
+        chats = self._chats
+        chat = chats.get(key)
         if chat is None:
-            chat = self._chats[key] = _Chat()
-        elif now is not None:
-            self._expire(chat, now)
+            chat = chats[key] = _Chat()
+            if len(chats) > self.max_chats:
+                self._evict(self._now(now))
+        else:
+            chats.move_to_end(key)
+            if now is not None:
+                self._expire(chat, now)
         if now is not None:
             self._ops += 1
             if self._ops % 4096 == 0:
@@ -104,19 +155,34 @@ class MemoryStore:
     def _expire(self, chat: _Chat, now: int) -> None:
         """What a Redis TTL would have removed by now."""
         if chat.state_expires and chat.state_expires <= now:
-            fresh = _Chat()
-            fresh.paused, fresh.overrides = chat.paused, chat.overrides
-            fresh.settings_expires, fresh.rate = chat.settings_expires, chat.rate
-            fresh.windows, fresh.cooldowns = chat.windows, chat.cooldowns
-            fresh.holds = chat.holds
-            chat.__dict__.update(fresh.__dict__)
+            chat.forget_state()
         if chat.settings_expires and chat.settings_expires <= now:
-            chat.paused, chat.overrides, chat.settings_expires = False, Overrides(), 0
+            chat.paused, chat.overrides, chat.settings_expires = False, _NO_OVERRIDES, 0
 
     def _sweep(self, now: int) -> None:
         """Forget chats that hold nothing live any more, so memory stays flat."""
         for key in [k for k, c in self._chats.items() if self._idle(c, now)]:
             del self._chats[key]
+        self._warn()  # evictions since the last warning are told here
+
+    def _evict(self, now: int) -> None:
+        """Past max_chats: the least recently used chats go."""
+        while len(self._chats) > self.max_chats:
+            _, chat = self._chats.popitem(last=False)
+            if not self._idle(chat, now):  # an idle one was as good as gone
+                self._evicted += 1
+        self._warn()
+
+    def _warn(self) -> None:
+        now = monotonic()
+        if self._evicted and now - self._warned_at >= WARN_EVERY:
+            n = self._evicted
+            log.warning(
+                "memory store: forgot %d chat%s (the least recently used, before their TTL) "
+                "to stay within store.max_chats=%d; raise it or use a Redis store",
+                n, "" if n == 1 else "s", self.max_chats,
+            )  # fmt: skip
+            self._evicted, self._warned_at = 0, now
 
     def _idle(self, chat: _Chat, now: int) -> bool:
         state_gone = not chat.state_expires or chat.state_expires <= now
@@ -131,9 +197,10 @@ class MemoryStore:
     def _remember(
         self, chat: _Chat, msg_id: str, rec: tuple[str, int, int], bot: str | None
     ) -> None:
-        chat.ids[msg_id] = (rec, set() if bot is None else {bot})
-        while len(chat.ids) > self._dedupe:
-            chat.ids.popitem(last=False)
+        ids = chat.ids
+        ids[msg_id] = rec if bot is None else (*rec, bot)
+        while len(ids) > self._dedupe:
+            del ids[next(iter(ids))]
 
     def _touch_state(self, chat: _Chat, now: int) -> None:
         chat.state_expires = now + self._state_ttl
@@ -152,14 +219,14 @@ class MemoryStore:
         now: int,
         bot: str | None,
         answered: str | None,
-    ) -> tuple[str, int, int]:
+    ) -> _Record:
         """Count once per id; `bot` (if any) is marked as having handled it.
         A new bot turn fills a hold: `answered` ("" unknown, None none)."""
         seen = chat.ids.get(obs.message_id)
         if seen is not None:
-            if bot is not None:
-                seen[1].add(bot)
-            return seen[0]
+            if bot is not None and bot not in seen[3:]:
+                chat.ids[obs.message_id] = (*seen, bot)  # keeps its place
+            return seen
         if obs.count is Count.BOT:
             if answered is not None:
                 self._fill_hold(chat, obs.author, answered)
@@ -185,8 +252,8 @@ class MemoryStore:
                     obs.text[:CONTEXT_TEXT_CHARS],
                 )
             )
-            while len(chat.context) > self._context_size + 1:
-                chat.context.popleft()
+            if len(chat.context) > self._context_size + 1:
+                del chat.context[: len(chat.context) - self._context_size - 1]
         self._touch_state(chat, now)
         return rec
 
@@ -213,8 +280,8 @@ class MemoryStore:
             chat.cooldowns[pair] = now + limits.pair_cooldown_ms
 
     @staticmethod
-    def _turn(rec: tuple[str, int, int], limits: Limits) -> Turn:
-        kind, soft, hard = rec
+    def _turn(rec: _Record, limits: Limits) -> Turn:
+        kind, soft, hard = rec[0], rec[1], rec[2]
         if kind == "b":
             return verdict(soft, hard, limits.soft_limit, limits.hard_limit)
         return Turn.RESET if kind == "r" else Turn.NONE
@@ -240,17 +307,18 @@ class MemoryStore:
             if action is not None:
                 entry = Decision(req.bot, obs.message_id, obs.chat, obs.author, action, reason,
                                  turn, soft, hard, at=now / 1000)  # fmt: skip
-                chat.log.appendleft(entry.log_entry())
+                _log(chat, entry.log_entry())
             return AdmitResult(
                 turn, soft, hard, action, reason, warn, limits, reserved, now, context or []
             )
 
         seen = chat.ids.get(obs.message_id)
-        if seen is not None and req.bot in seen[1]:
+        if seen is not None and req.bot in seen[3:]:
             # counted nothing now: the chat's counters as they are
             return result(Action.DROP, Reason.DUPLICATE, Turn.NONE, chat.soft, chat.hard)
         rec = self._count(chat, obs, limits, now, req.bot, "")
-        _, soft, hard = rec
+        soft: int = rec[1]
+        hard: int = rec[2]
         turn = self._turn(rec, limits)
         self._touch_settings(chat, now)
 
@@ -311,7 +379,7 @@ class MemoryStore:
         answered = hold_name(req.bot, req.answered) if req.answered else None
         rec = self._count(chat, req.msg, limits, now, None, answered)
         if req.log is not None:
-            chat.log.appendleft(req.log)
+            _log(chat, req.log)
         return SentResult(self._turn(rec, limits), rec[1], rec[2])
 
     async def release(
@@ -321,7 +389,7 @@ class MemoryStore:
         state.rate.get(bot, {}).pop(message_id, None)
         state.holds.pop(hold_name(bot, message_id), None)
         if log is not None:
-            state.log.appendleft(log)
+            _log(state, log)
 
     async def status(
         self, chat: str, bot: str, limits: Limits, now_ms: int | None = None
@@ -367,7 +435,9 @@ class MemoryStore:
 
     async def decisions(self, chat: str, limit: int = DECISION_LOG_SIZE) -> list[dict[str, Any]]:
         state = self._chats.get(chat)
-        return [] if state is None else list(state.log)[:limit]
+        if state is None:
+            return []
+        return [_unpack(entry) for entry in state.log[::-1][:limit]]
 
     async def ping(self) -> None:
         return None
@@ -378,3 +448,10 @@ class MemoryStore:
     def chats(self) -> int:
         """How many chats hold state (for memory benchmarks)."""
         return len(self._chats)
+
+
+def _log(chat: _Chat, entry: dict[str, Any]) -> None:
+    """Keep the newest DECISION_LOG_SIZE entries, oldest first."""
+    chat.log.append(_pack(entry))
+    if len(chat.log) > DECISION_LOG_SIZE:
+        del chat.log[0]
