@@ -1,10 +1,10 @@
-"""YAML -> validated, typed settings (DESIGN §5.4).
+"""YAML -> validated, typed settings (docs/configuration.md).
 
 A config file is read in four steps, each of which can only fail with a
 `ConfigError` whose problems read `<key path>: <what is wrong>`:
 
 1. YAML is parsed (duplicate keys are rejected: a silently ignored key is the
-   kind of surprise §5.4 forbids).
+   kind of surprise docs/configuration.md rules out).
 2. `${VAR}` / `${VAR:-default}` are interpolated in string values, so tokens
    never live in the file.
 3. `defaults` is deep-merged under every bot, so a bot states only what differs.
@@ -202,7 +202,7 @@ def _check_template(template: str, fields: tuple[str, ...] = TEMPLATE_FIELDS) ->
 
 
 class TurnsPolicy(_Model):
-    """Consecutive bot-turn limits (DESIGN §3.1)."""
+    """Consecutive bot-turn limits (docs/architecture.md)."""
 
     soft_limit: Int = Field(default=20, ge=1, le=MAX_COUNT)
     hard_limit: Int = Field(default=100, ge=1, le=MAX_COUNT)
@@ -219,7 +219,7 @@ class TurnsPolicy(_Model):
 
 
 class PairsPolicy(_Model):
-    """Sliding-window loop detection per pair of bots (DESIGN §3.2)."""
+    """Sliding-window loop detection per pair of bots (docs/architecture.md)."""
 
     max_events: Int = Field(default=20, ge=1, le=MAX_COUNT)
     window_seconds: Float = Field(default=60.0, gt=0, le=MAX_WINDOW_SECONDS)
@@ -227,7 +227,7 @@ class PairsPolicy(_Model):
 
 
 class RateCapPolicy(_Model):
-    """Replies per (chat, bot) in a rolling window (DESIGN §3.4)."""
+    """Replies per (chat, bot) in a rolling window (docs/architecture.md)."""
 
     max_replies: Int = Field(default=6, ge=1, le=MAX_COUNT)
     window_seconds: Float = Field(default=120.0, gt=0, le=MAX_WINDOW_SECONDS)
@@ -235,7 +235,7 @@ class RateCapPolicy(_Model):
 
 
 class ReplyDecisionPolicy(_Model):
-    """The optional REPLY/SKIP classifier (DESIGN §3.5)."""
+    """The optional REPLY/SKIP classifier (docs/backends.md)."""
 
     enabled: bool = False
     endpoint: OptionalStr = Field(default=None, validate_default=True)
@@ -488,7 +488,7 @@ class BotConfig(Policy):
         if value is not None:
             parts = urlsplit(value)
             if parts.scheme not in ("ws", "wss") or not parts.netloc:
-                raise ValueError(f"must be a ws:// or wss:// URL, not {_mask_password(value)!r}")
+                raise ValueError(f"must be a ws:// or wss:// URL, not {mask_password(value)!r}")
         return value
 
     @model_validator(mode="after")
@@ -531,7 +531,7 @@ class BotConfig(Policy):
 
 
 class StoreConfig(_Model):
-    """Where state lives (DESIGN §4)."""
+    """Where state lives (docs/architecture.md)."""
 
     url: str = "memory://"
     state_ttl_seconds: Int = Field(default=604800, ge=60, le=MAX_TTL_SECONDS)
@@ -545,6 +545,11 @@ class StoreConfig(_Model):
     # state TTL. 100,000 chats of a few messages each are ~330 MB; were every
     # one at its bounds (50 decisions, 128 dedupe ids, full context) ~5 GB.
     max_chats: Int = Field(default=100_000, ge=1, le=10_000_000)
+    # Redis that does not answer at start: by default an ERROR naming the URL
+    # and the daemon starts on this process's memory (degraded) until Redis
+    # answers; true refuses to start instead (for operators who would rather
+    # a mistyped URL stop the rollout than run each replica on its own).
+    require_at_start: bool = False
 
     @field_validator("url")
     @classmethod
@@ -568,10 +573,10 @@ class StoreConfig(_Model):
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         for name, value in super().__repr_args__():
-            yield name, (_mask_password(value) if name == "url" else value)
+            yield name, (mask_password(value) if name == "url" else value)
 
 
-def _mask_password(url: Any) -> Any:
+def mask_password(url: Any) -> Any:
     if not isinstance(url, str):
         return url
     url = re.sub(r"(://[^/@]*?:)[^/@]*@", r"\1***@", url)
@@ -606,7 +611,7 @@ def _split_listen(value: str) -> tuple[str, int]:
 
 
 class HttpConfig(_Model):
-    """The aiohttp server: ingress, admin, guard, health and metrics (§5.3)."""
+    """The aiohttp server: ingress, admin, guard, health and metrics (docs/http-api.md)."""
 
     listen: str = "127.0.0.1:8080"
     admin_token: OptionalSecret = None  # None: the admin API answers 403
@@ -646,7 +651,7 @@ class ShutdownConfig(_Model):
 
 
 # --------------------------------------------------------------------------
-# The agent guard (README "Agent guard"): profiles of detector limits
+# The agent guard (docs/agent-guard.md): profiles of detector limits
 # --------------------------------------------------------------------------
 
 Ratio = Annotated[float, BeforeValidator(_float_not_bool), Field(gt=0, le=1)]
@@ -755,7 +760,7 @@ class StepGuard(_Model):
 class SessionBounds(_Model):
     """What one session keeps, so that its stored value and the cost of a
     check stay flat however long it runs and however many names the agent
-    invents (README "Operations"). Past a bound the least recently used tool,
+    invents (docs/operations.md). Past a bound the least recently used tool,
     task or topic is forgotten (its counts start over if it comes back); the
     one an agent loops on is in use, so it stays."""
 

@@ -25,7 +25,7 @@ from gateway.admin import Admin
 from gateway.backends import Backend, context_wanted, make_backend
 from gateway.backends.python import PythonBackendError
 from gateway.classifier import Classifier
-from gateway.config import BotConfig, Config, ConfigError, Policy, load_config
+from gateway.config import BotConfig, Config, ConfigError, Policy, load_config, mask_password
 from gateway.guard.engine import engine_for
 from gateway.guard.service import Guard
 from gateway.http import HttpServer
@@ -196,6 +196,7 @@ class Daemon:
         except OSError as exc:
             await self._runner.cleanup()
             raise StartupError(f"cannot listen on {http.listen}: {exc.strerror}") from None
+        await self._check_store()
         try:
             for adapter in self.adapters:
                 await adapter.start()
@@ -205,10 +206,28 @@ class Daemon:
         if not _loopback(http.host):
             log.warning("listening on %s beyond this machine: the ingress and the guard "
                         "API take no token, so let only trusted callers reach it (firewall, "
-                        "authenticating proxy); see README, Security", http.listen)  # fmt: skip
+                        "authenticating proxy); see docs/security.md", http.listen)  # fmt: skip
         host = f"[{http.host}]" if ":" in http.host else http.host
         port = self._runner.addresses[0][1] if http.port == 0 else http.port
         return f"http://{host}:{port}"
+
+    async def _check_store(self) -> None:
+        """A store that does not answer at start is said at once, naming its
+        URL (password masked): a mistyped url would otherwise run each replica
+        on its own memory in silence. Fatal with store.require_at_start."""
+        if not isinstance(self.store, FailoverStore):
+            return
+        why = await self.store.check_at_start()
+        if why is None:
+            return
+        url = mask_password(self.config.store.url)
+        if self.config.store.require_at_start:
+            await self.stop()
+            raise StartupError(f"store {url} is unreachable ({why}) and "
+                               "store.require_at_start is true")  # fmt: skip
+        log.error("store %s is unreachable at start (%s): deciding on this process's memory "
+                  "until it answers (store.require_at_start: true makes this fatal)",
+                  url, why)  # fmt: skip
 
     def reload(self, new: Config) -> list[str]:
         """Apply a new config's policies from the next message on.

@@ -1,9 +1,10 @@
-"""`botbouncer run` and the HTTP ingress (DESIGN §5.1, §5.3)."""
+"""`botbouncer run` and the HTTP ingress (README.md, docs/http-api.md)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -184,3 +185,33 @@ def test_a_platform_sdk_not_installed_names_the_extra_to_install(tmp_path: Path)
     res = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
                          timeout=60)  # fmt: skip
     assert res.stdout.strip() == "False", res.stderr
+
+
+async def test_a_store_that_does_not_answer_at_start_is_said_at_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A mistyped store.url used to start in silence, each replica on its own
+    memory: now an ERROR names the URL (password masked) and the store starts
+    degraded; with store.require_at_start the daemon refuses to start."""
+    from gateway.store.failover import FailoverStore
+
+    url = f"redis://:hunter22@127.0.0.1:{free_port()}/0"
+    bots = "bots: [{name: a, platform: http, backend: {type: echo}}]\n"
+    listen = f"http: {{listen: '127.0.0.1:{free_port()}'}}\n"
+    daemon = Daemon(parse_config(f"store: {{url: '{url}'}}\n" + listen + bots))
+    with caplog.at_level(logging.ERROR, logger="botbouncer"):
+        await daemon.start()
+    try:
+        assert isinstance(daemon.store, FailoverStore) and daemon.store.degraded
+        [line] = [
+            r.getMessage() for r in caplog.records if "unreachable at start" in r.getMessage()
+        ]
+        assert "redis://:***@127.0.0.1" in line and "hunter22" not in line
+        assert "store.require_at_start" in line
+    finally:
+        await daemon.stop()
+
+    strict = f"store: {{url: '{url}', require_at_start: true}}\n" + listen + bots
+    daemon = Daemon(parse_config(strict))
+    with pytest.raises(StartupError, match=r"store redis://:\*\*\*@127.0.0.1:\d+/0 is unreachable"):
+        await daemon.start()

@@ -1,4 +1,4 @@
-"""Redis with this process's memory behind it (DESIGN §4: outages).
+"""Redis with this process's memory behind it (docs/operations.md: outages).
 
 While Redis answers, every call goes to it. A call that fails, or takes
 longer than `timeout` while no other call was answered either, marks the store
@@ -55,6 +55,9 @@ from gateway.store.redis import LateCall, RedisStore
 log = logging.getLogger("botbouncer.store")
 
 T = TypeVar("T")
+
+# How long the check at start waits for Redis (a connect takes up to 2 s).
+START_CHECK_SECONDS = 3.0
 
 # Back on Redis for this many retry_max intervals, the store is trusted again:
 # its next outage is probed from retry_min.
@@ -178,6 +181,19 @@ class FailoverStore:
             if self.on_change is not None:
                 self.on_change(False)
             return
+
+    async def check_at_start(self) -> str | None:
+        """Redis as the daemon starts: None when it takes the write check,
+        else why not - and the store is then degraded, so the first message
+        does not wait on it and the probe starts at once."""
+        try:
+            async with asyncio.timeout(max(self.timeout, START_CHECK_SECONDS)):
+                await self.primary.ping()
+        except (StoreError, TimeoutError) as exc:
+            why = str(exc) or f"no answer within {max(self.timeout, START_CHECK_SECONDS):g} s"
+            self._degrade(why)
+            return why
+        return None
 
     async def wait_recovered(self) -> None:
         """Return once Redis answers again (at once when not degraded)."""
