@@ -380,7 +380,7 @@ class DiscordAdapter:
             log.error("bot %s: registering /bouncer failed: %s", self.bot.name, exc)
 
     def is_admin(self, interaction: discord.Interaction) -> bool:
-        """Configured user or role ids, or Manage Server (DESIGN §3.7)."""
+        """Configured user or role ids, or Manage Server (docs/http-api.md)."""
         admins = self.bot.admins
         user = interaction.user
         if str(user.id) in admins.user_ids:

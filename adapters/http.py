@@ -1,6 +1,6 @@
 """The generic HTTP ingress adapter: `POST /v1/bots/{bot}/messages`.
 
-Any platform that can call a webhook posts the replay fields (DESIGN §5.2) and
+Any platform that can call a webhook posts the replay fields (docs/replay.md) and
 gets the decision back, with `reply`/`reply_id` when the bot answered and
 `warning`/`warning_id` when it posts a limit warning. Both were counted as this
 bot's turns under those ids: a client that shows them to other bots passes the

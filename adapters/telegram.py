@@ -561,7 +561,7 @@ class TelegramAdapter:
     # -- admin commands -----------------------------------------------------------
 
     async def is_admin(self, m: TgMessage) -> bool:
-        """Configured user ids, or the chat's administrators (DESIGN §3.7).
+        """Configured user ids, or the chat's administrators (docs/http-api.md).
         Called with a message to_message could read: its chat id is a number."""
         user = m.from_user
         user_id = None if user is None else _int(user.id)

@@ -1,4 +1,4 @@
-"""Admin commands, platform-neutral (DESIGN §3.7).
+"""Admin commands, platform-neutral (docs/http-api.md).
 
 `status`, `reset`, `pause`, `resume`, `limits`, `why`: the HTTP admin API and
 every platform adapter call these, so a command means the same everywhere and

@@ -1,4 +1,4 @@
-"""The reply decision: a cheap LLM asked "REPLY or SKIP?" (DESIGN §3.5).
+"""The reply decision: a cheap LLM asked "REPLY or SKIP?" (docs/backends.md).
 
 Called only when every deterministic rule already allowed a reply. The prompt
 carries the bot's identity, the chat's recent messages with speaker names and a

@@ -1,4 +1,4 @@
-"""The `botbouncer` command (DESIGN §5.1). `python -m gateway` is the same program."""
+"""The `botbouncer` command (README.md). `python -m gateway` is the same program."""
 
 from __future__ import annotations
 

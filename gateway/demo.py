@@ -1,4 +1,4 @@
-"""`botbouncer demo` (DESIGN §5.1): the first thing a newcomer sees.
+"""`botbouncer demo` (README.md): the first thing a newcomer sees.
 
 A claim like "the loop stops at the limit" is only worth showing if it is the
 real thing doing it, so every message goes through `Gateway.handle` with one

@@ -1,4 +1,4 @@
-"""The daemon's aiohttp server (DESIGN §5.3): ingress routing, admin API,
+"""The daemon's aiohttp server (docs/http-api.md): ingress routing, admin API,
 health and metrics.
 
 Adapters that take messages over HTTP register a handler per bot; the server
@@ -24,6 +24,7 @@ from gateway.guard.service import Answer, Guard, GuardInputError, ProfileConflic
 from gateway.health import Health
 from gateway.inflight import ShuttingDown
 from gateway.metrics import CONTENT_TYPE, Metrics
+from gateway.openapi import OPENAPI as FULL_OPENAPI
 from gateway.store import Store, StoreError
 from gateway.store.base import DECISION_LOG_SIZE
 
@@ -81,6 +82,7 @@ class HttpServer:
         r = self.app.router
         r.add_get("/healthz", self._healthz)
         r.add_get("/metrics", self._metrics)
+        r.add_get("/openapi.json", self._openapi)
         r.add_post("/v1/bots/{bot}/messages", self._message)
         r.add_post("/v1/webhooks/{bot}", self._webhook)
         # `[^/]+`: a chat id may hold braces, which aiohttp's default pattern refuses.
@@ -201,6 +203,10 @@ class HttpServer:
 
     async def _guard_openapi(self, request: web.Request) -> web.Response:
         return reply(OPENAPI)
+
+    async def _openapi(self, request: web.Request) -> web.Response:
+        """The whole API (gateway/openapi.py); the guard's part alone is above."""
+        return reply(FULL_OPENAPI)
 
     # -- admin API ---------------------------------------------------------
 

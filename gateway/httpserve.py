@@ -1,5 +1,5 @@
 """What one client may hold of the daemon's HTTP server, and how a bad
-connection is answered and logged (README "Operations", "Security").
+connection is answered and logged (docs/operations.md, docs/security.md).
 
 aiohttp bounds the size of a request head and body but not the time a client
 takes to send them: a connection that sends half a head, or a head and half

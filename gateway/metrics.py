@@ -1,4 +1,4 @@
-"""Prometheus metrics (DESIGN §5.5), one registry per daemon.
+"""Prometheus metrics (docs/operations.md), one registry per daemon.
 
 A registry per daemon rather than the process-global one keeps two daemons in
 one test process (or one process reloaded) from sharing or double-registering

@@ -12,7 +12,7 @@ from typing import Any
 
 
 class Reason(StrEnum):
-    """Why a message was not answered (DESIGN §3.8, a contract)."""
+    """Why a message was not answered (docs/architecture.mda contract)."""
 
     OWN_MESSAGE = "own_message"
     BOT_IGNORED = "bot_ignored"
@@ -40,7 +40,7 @@ class Action(StrEnum):
 class Turn(StrEnum):
     """What a message did to the chat's turn counters.
 
-    The first five are the verdicts of a bot turn (DESIGN §3.1); `reset` is a
+    The first five are the verdicts of a bot turn (docs/architecture.md); `reset` is a
     plain human message; `none` is anything that neither counted nor reset
     (system and empty messages, duplicates).
     """
@@ -128,7 +128,7 @@ class Message:
 
     @property
     def is_plain_human(self) -> bool:
-        """A message that resets the turn counters (DESIGN §3.1)."""
+        """A message that resets the turn counters (docs/architecture.md)."""
         return not self.author.is_bot and not self.system and bool(self.text.strip())
 
 

@@ -1,4 +1,4 @@
-"""Gateway.handle(): the one chokepoint every message passes (DESIGN §2).
+"""Gateway.handle(): the one chokepoint every message passes (docs/architecture.md).
 
 Local facts first (no I/O), then one atomic store call that counts, gates and
 reserves; only a message that survives it reaches the backend. The slot is

@@ -1,4 +1,4 @@
-"""`botbouncer replay`: a transcript through the real pipeline (DESIGN §5.2).
+"""`botbouncer replay`: a transcript through the real pipeline (docs/replay.md).
 
 No platform, no backend: `action: reply` means the message would go to the
 backend, and it keeps its rate-cap slot as if the backend answered. The bot's

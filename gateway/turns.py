@@ -1,4 +1,4 @@
-"""Turn rules as pure functions (DESIGN §3.1, §3.3).
+"""Turn rules as pure functions (docs/architecture.md).
 
 The stores apply these inside their one atomic admit call; the Redis store
 mirrors `verdict` in Lua (gateway/store/lua/common.lua) and the shared contract

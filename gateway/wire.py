@@ -1,5 +1,5 @@
 """The JSON message format shared by `botbouncer replay` lines and the HTTP
-ingress body (DESIGN §5.2, §5.3): one parser, one set of error messages.
+ingress body (docs/replay.md, docs/http-api.md): one parser, one set of error messages.
 
 Every field is checked by both, `at` too: the ingress does not use it (the
 daemon decides on the store's clock) but refuses what replay would refuse, so
@@ -173,7 +173,7 @@ def parse_input(obj: Any, *, platform: str, default_id: str, bot_id: str) -> Inp
 
 
 def decision_fields(d: Decision, chat: str) -> dict[str, Any]:
-    """A decision as replay prints it and the ingress answers it (DESIGN §5.2)."""
+    """A decision as replay prints it and the ingress answers it (docs/replay.md)."""
     return {
         "id": d.message_id,
         "chat": chat,

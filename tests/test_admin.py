@@ -1,4 +1,4 @@
-"""The admin API (DESIGN §3.7, §5.3) and gateway/admin.py, on an in-process daemon.
+"""The admin API (docs/http-api.md) and gateway/admin.py, on an in-process daemon.
 
 Store-touching tests run on the memory store and on Redis. A Redis daemon gets
 this test's own key prefix and its keys are deleted afterwards; chat ids are

@@ -1,4 +1,4 @@
-"""Backends through the real pipeline (DESIGN §3.6): answers, failures, slots, breaker."""
+"""Backends through the real pipeline (docs/backends.md): answers, failures, slots, breaker."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The reply decision through the real pipeline, against a fake LLM (DESIGN §3.5)."""
+"""The reply decision through the real pipeline, against a fake LLM (docs/backends.md)."""
 
 from __future__ import annotations
 

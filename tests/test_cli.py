@@ -1,4 +1,4 @@
-"""The `botbouncer` command line (DESIGN §5.1): check-config, help and usage.
+"""The `botbouncer` command line (README.md): check-config, help and usage.
 
 `check-config -c FILE` exits 0, or 2 with a message naming the key path and
 what is wrong - never a traceback. `python -m gateway` is the same program.

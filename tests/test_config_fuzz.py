@@ -1,6 +1,6 @@
 """`check-config` on hostile input (issue 8, "Bad input"): whatever a file holds,
 `botbouncer check-config -c FILE` exits 0 or 2, never tracebacks, and on 2 says
-what is wrong, one `<key path or file>: <problem>` line each (DESIGN §5.1).
+what is wrong, one `<key path or file>: <problem>` line each (README.md).
 
 Three kinds of input, all through the real CLI entry point `gateway.cli.main`:
 

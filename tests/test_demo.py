@@ -1,4 +1,4 @@
-"""`botbouncer demo` (DESIGN §5.1): the story it tells must be the pipeline's truth.
+"""`botbouncer demo` (README.md): the story it tells must be the pipeline's truth.
 
 The demo prints a chat and a summary; these tests read the chat lines back and
 hold the summary to them, so a number that is assumed instead of counted, or a

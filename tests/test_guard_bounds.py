@@ -23,7 +23,7 @@ from gateway.store.redis import RedisStore
 from tests.conftest import delete_prefix
 from tests.test_guard import Clock, guard_config
 
-# README "Operations": with the default bounds a session's stored value stays
+# docs/operations.md: with the default bounds a session's stored value stays
 # under this, for names of up to 40 characters (typically 1-5 KB).
 SESSION_BYTES = 50 * 1024
 BOT = "bots: [{name: a, platform: http, backend: {type: echo}}]\n"

@@ -1,4 +1,4 @@
-"""Fuzzing the HTTP server (DESIGN §5.3): whatever a client sends, the answer is
+"""Fuzzing the HTTP server (docs/http-api.md): whatever a client sends, the answer is
 never a 5xx, every 4xx is JSON with an "error" string, and the server keeps
 serving afterwards.
 

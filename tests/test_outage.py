@@ -1,4 +1,4 @@
-"""Redis outages, caused (DESIGN §4): a redis-server this test started is
+"""Redis outages, caused (docs/architecture.md): a redis-server this test started is
 SIGKILLed, frozen (SIGSTOP), flushed of its scripts or restarted empty, while
 the daemon works. Never a 5xx, never a wait on Redis timeouts, loops still
 stopped by local state, people still answered, back on Redis within 5 s.

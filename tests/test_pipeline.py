@@ -1,4 +1,4 @@
-"""Gateway.handle() end to end on a real store (DESIGN §2), memory and Redis."""
+"""Gateway.handle() end to end on a real store (docs/architecture.md), memory and Redis."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`botbouncer replay` (DESIGN §5.2, a contract), read against the rules of §3.
+"""`botbouncer replay` (docs/replay.mda contract), read against the rules of docs/architecture.md.
 
 Most cases call `gateway.cli.main()` in-process; a few run the real command
 (`python -m gateway replay ...`) as a subprocess. Expected outputs are whole
@@ -319,7 +319,7 @@ def test_invalid_config_is_an_error_naming_the_key(replay: Replay) -> None:
 
 
 # --------------------------------------------------------------------------
-# turn tracking and warnings (§3.1)
+# turn tracking and warnings
 # --------------------------------------------------------------------------
 
 
@@ -573,7 +573,7 @@ def test_a_duplicate_human_message_does_not_reset_again(replay: Replay) -> None:
 
 
 # --------------------------------------------------------------------------
-# addressing (§3.3)
+# addressing
 # --------------------------------------------------------------------------
 
 
@@ -626,7 +626,7 @@ def test_bot_messages_mentions(replay: Replay) -> None:
 
 
 # --------------------------------------------------------------------------
-# rate cap (§3.4)
+# rate cap
 # --------------------------------------------------------------------------
 
 
@@ -672,7 +672,7 @@ def test_rate_cap_is_per_chat(replay: Replay) -> None:
 
 
 # --------------------------------------------------------------------------
-# pair loop protection (§3.2)
+# pair loop protection
 # --------------------------------------------------------------------------
 
 

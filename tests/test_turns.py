@@ -1,4 +1,4 @@
-"""The pure rules of DESIGN §3.1 and §3.3, one assertion per sentence."""
+"""The pure rules of docs/architecture.mdone assertion per sentence."""
 
 from __future__ import annotations
 

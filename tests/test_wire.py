@@ -1,5 +1,5 @@
-"""The replay input fields (DESIGN §5.2) are read by one parser, gateway/wire.py,
-for `botbouncer replay` lines and the HTTP ingress body (§5.3) alike: every bad
+"""The replay input fields (docs/replay.md) are read by one parser, gateway/wire.py,
+for `botbouncer replay` lines and the HTTP ingress body (docs/http-api.md) alike: every bad
 value is refused by both, with the same words naming the field - a 400 on the
 ingress, `line N: ...` and exit status 2 on replay."""
 

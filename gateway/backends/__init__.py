@@ -1,4 +1,4 @@
-"""Where replies come from (DESIGN §3.6).
+"""Where replies come from (docs/backends.md).
 
 A backend turns one admitted message (plus the chat's recent context) into the
 texts to send; an empty list means stay silent. Backends raise on failure; the

@@ -1,5 +1,5 @@
 """The agent guard: checks an agent framework calls before each step, and
-reports to after (README "Agent guard").
+reports to after (docs/agent-guard.md).
 
 Requests are validated here (a clear 400 names the field), normalised into
 the strings the detectors compare (gateway/guard/normalize.py), and passed
@@ -25,7 +25,7 @@ from gateway.guard.engine import Engine
 SESSION = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
 MICRO = 1_000_000  # dollars and confidences travel as integer millionths
 
-# Every reason code, with what it means (README "Agent guard" lists them too).
+# Every reason code, with what it means (docs/agent-guard.md lists them too).
 REASONS: dict[str, str] = {
     "ok": "nothing repeats; go on",
     "identical_call": "the same tool with the same arguments (and result) in a row",

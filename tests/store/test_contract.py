@@ -1,4 +1,4 @@
-"""The Store contract (DESIGN §3.1-§3.4, §4), on memory and on Redis alike."""
+"""The Store contract (docs/architecture.md), on memory and on Redis alike."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ async def ping_pong(chat: Chat, n: int, *, bot: str = "B", peer: str = "A") -> l
     return turns
 
 
-# -- §3.1 turn tracking ------------------------------------------------------
+# -- turn tracking ------------------------------------------------------
 
 
 async def test_twentieth_bot_message_is_soft_limit_and_later_ones_throttled(store: Store) -> None:
@@ -338,7 +338,7 @@ async def test_an_answer_seen_before_it_is_reported_sent_fills_its_hold_once(
     assert (res.action, res.reason) == (Action.DROP, Reason.TURN_THROTTLED)
 
 
-# -- §3.2 pair loop protection -------------------------------------------------
+# -- pair loop protection -------------------------------------------------
 
 PAIRS = Limits(soft_limit=1000, hard_limit=2000, max_replies=1000, pair_max_events=3,
                pair_window_ms=60_000, pair_cooldown_ms=30_000)  # fmt: skip
@@ -396,7 +396,7 @@ async def test_exchanges_outside_the_window_do_not_add_up(store: Store) -> None:
     assert res.soft == 8
 
 
-# -- §3.3 pause, §3.7 overrides (stored, shared by replicas) -----------------------
+# -- pause, overrides (stored, shared by replicas) -----------------------
 
 
 async def test_pause_is_shared_and_answers_nothing_until_resumed(stores: StoreFactory) -> None:
@@ -458,7 +458,7 @@ async def test_admin_reset_zeroes_counters_and_cooldowns(store: Store) -> None:
     assert (res.soft, res.reason) == (1, None)
 
 
-# -- §3.4 the reply rate cap ----------------------------------------------------------
+# -- the reply rate cap ----------------------------------------------------------
 
 
 async def test_fifty_concurrent_admits_with_cap_six_reserve_exactly_six(store: Store) -> None:

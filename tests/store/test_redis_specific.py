@@ -1,4 +1,4 @@
-"""What only the Redis store promises (DESIGN §4): TTLs, hash tags, server time,
+"""What only the Redis store promises (docs/architecture.md): TTLs, hash tags, server time,
 surviving a script flush."""
 
 from __future__ import annotations

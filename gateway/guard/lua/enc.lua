@@ -1,4 +1,4 @@
--- The guard's JSON out (README "Agent guard"), between the prelude and
+-- The guard's JSON out (docs/agent-guard.md), between the prelude and
 -- guard.lua in both engines, and alone in the memory engine, which keeps an
 -- idle session as the text it makes (gateway/guard/engine.py). Deterministic
 -- (sorted keys), so both stores answer byte for byte alike. Pieces go to one

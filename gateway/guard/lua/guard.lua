@@ -1,4 +1,4 @@
--- The agent guard (README "Agent guard"): one atomic call per check.
+-- The agent guard (docs/agent-guard.md): one atomic call per check.
 --
 -- Prepended by a prelude that defines load() -> state table or nil,
 -- save(state, ttl_ms), drop(), decode(json) -> table, limits(json) -> a table
@@ -11,7 +11,7 @@
 --
 -- Every collection the state keeps is bounded by the profile (L.max_*): a
 -- session costs the same per call however long it lives, and one agent
--- inventing names cannot grow its value (README "Operations"). Maps keyed by
+-- inventing names cannot grow its value (docs/operations.md). Maps keyed by
 -- a name the agent chooses (tools, retry tasks, kb topics) forget their least
 -- recently used entry; lists keep their newest items.
 --
