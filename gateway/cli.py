@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from contextlib import nullcontext
 from importlib import metadata
+from pathlib import Path
 from typing import TextIO
 
 from gateway.config import Config, ConfigError, load_config
@@ -145,6 +146,25 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _init(args: argparse.Namespace) -> int:
+    """Write the starter config (the commented example, which runs as it is:
+    memory store, one HTTP echo bot, no tokens) for a pip user without the
+    repository."""
+    from importlib import resources
+
+    path = Path(args.path)
+    if path.exists() and not args.force:
+        return _fail(f"{path}: already exists; pass --force to overwrite it")
+    text = (resources.files("gateway") / "config.example.yml").read_text(encoding="utf-8")
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        return _fail(f"{path}: {(exc.strerror or str(exc)).lower()}")
+    print(f"wrote {path}: every key with its default, commented; it runs as it is.")
+    print(f"next: botbouncer check-config -c {path}   then   botbouncer run -c {path}")
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from gateway.demo import run_demo
 
@@ -192,6 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the bot the gateway plays (default: the first configured bot)",
     )
     rep.set_defaults(func=_replay)
+
+    init = sub.add_parser("init", help="write a starter config (every key, commented)")
+    init.add_argument("path", nargs="?", default="botbouncer.yml", metavar="FILE",
+                      help="where to write it (default: botbouncer.yml)")  # fmt: skip
+    init.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+    init.set_defaults(func=_init)
 
     demo = sub.add_parser("demo", help="watch two bots loop and botbouncer stop them")
     demo.add_argument("--delay", type=float, metavar="SECONDS",

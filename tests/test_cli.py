@@ -329,3 +329,29 @@ def test_a_python_backend_beside_the_config_imports_from_anywhere(tmp_path: Path
     assert "bots[0].backend.callable: cannot import 'no_such_mod_x'" in res.stderr
     assert "config file's directory, the working directory" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_init_writes_the_starter_config_that_runs_as_it_is(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A pip user has no repository: `botbouncer init` writes the commented
+    example (shipped in the package), refuses to overwrite, and check-config
+    takes what it wrote."""
+    target = tmp_path / "botbouncer.yml"
+    assert main(["init", str(target)]) == 0
+    assert "botbouncer run -c" in capsys.readouterr().out
+    assert target.read_text() == EXAMPLE.read_text()
+    assert check(capsys, target).code == 0
+    target.write_text("mine")
+    assert main(["init", str(target)]) == 2
+    assert "already exists; pass --force" in capsys.readouterr().err
+    assert target.read_text() == "mine"
+    assert main(["init", str(target), "--force"]) == 0
+    assert target.read_text() == EXAMPLE.read_text()
+
+
+def test_the_example_config_ships_in_the_package() -> None:
+    from importlib import resources
+
+    shipped = (resources.files("gateway") / "config.example.yml").read_text(encoding="utf-8")
+    assert shipped == EXAMPLE.read_text()  # the repository's is a link to it
