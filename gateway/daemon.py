@@ -22,7 +22,7 @@ from typing import Protocol
 from aiohttp import web
 
 from gateway.admin import Admin
-from gateway.backends import Backend, context_wanted, make_backend
+from gateway.backends import Backend, make_backend
 from gateway.backends.python import PythonBackendError
 from gateway.classifier import Classifier
 from gateway.config import BotConfig, Config, ConfigError, Policy, load_config, mask_password
@@ -33,7 +33,7 @@ from gateway.httpserve import BACKLOG, Runner, fit_open_files
 from gateway.inflight import InFlight
 from gateway.metrics import Metrics
 from gateway.outbound import Outbound
-from gateway.pipeline import Gateway
+from gateway.pipeline import Gateway, context_for
 from gateway.store import Store, open_store
 from gateway.store.failover import FailoverStore
 
@@ -110,9 +110,7 @@ def build_gateway(
 
 def context_size(config: Config) -> int:
     """How much recent context the store keeps: as much as any bot asks for."""
-    sizes = [context_wanted(b.backend) for b in config.bots]
-    sizes += [b.reply_decision.context_messages for b in config.bots if b.reply_decision.enabled]
-    return max(sizes, default=0)
+    return max((context_for(b) for b in config.bots), default=0)
 
 
 # Bot keys a reload can apply; the rest (platform, token, api_base, ...) shape a

@@ -100,18 +100,25 @@ class _Setup:
     hold_ms: int  # how long an answer being written holds its turn
 
 
+def context_for(bot: BotConfig) -> int:
+    """How many recent messages a bot's backend and reply decision look at:
+    what the store must return to it (and, over every bot, keep)."""
+    wanted = context_wanted(bot.backend)
+    if bot.reply_decision.enabled:
+        wanted = max(wanted, bot.reply_decision.context_messages)
+    return wanted
+
+
 def _setup(bot: BotConfig, backend: Backend | None, classifier: Classifier | None) -> _Setup:
-    wanted = [context_wanted(bot.backend)]
     seconds = deadline(bot.backend) + SEND_SECONDS
     if classifier is not None:
-        wanted.append(bot.reply_decision.context_messages)
         seconds += bot.reply_decision.timeout_seconds
     return _Setup(
         bot=bot,
         backend=backend,
         classifier=classifier,
         trusted=frozenset(bot.trusted_bots),
-        context=max(wanted),
+        context=context_for(bot),
         limits={kind: limits_for(bot, kind) for kind in ChatKind},
         hold_ms=round(seconds * 1000),
     )
