@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 
 from gateway.config import parse_config
 from gateway.daemon import Daemon
@@ -102,3 +104,17 @@ class Relay:
     @property
     def last(self) -> dict[str, Any]:
         return self.decisions[-1]
+
+
+@asynccontextmanager
+async def served(config_text: str) -> AsyncIterator[TestClient[web.Request, web.Application]]:
+    """A Daemon from `config_text` with its adapters started, served by
+    aiohttp's test server (no listener of its own), stopped afterwards."""
+    daemon = Daemon(parse_config(config_text))
+    for adapter in daemon.adapters:
+        await adapter.start()
+    try:
+        async with TestClient(TestServer(daemon.server.app)) as client:
+            yield client
+    finally:
+        await daemon.stop()

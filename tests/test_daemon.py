@@ -14,11 +14,12 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
 from gateway.cli import main
 from gateway.config import Config, parse_config
 from gateway.daemon import Daemon, StartupError, find_adapter
+from tests.daemons import served
 from tests.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,12 +34,8 @@ defaults:
 
 @pytest.fixture
 async def client() -> AsyncIterator[TestClient[aiohttp.web.Request, aiohttp.web.Application]]:
-    daemon = Daemon(parse_config(TWO_BOTS))
-    for adapter in daemon.adapters:
-        await adapter.start()
-    async with TestClient(TestServer(daemon.server.app)) as c:
+    async with served(TWO_BOTS) as c:
         yield c
-    await daemon.stop()
 
 
 async def post(c: TestClient, bot: str, body: object) -> tuple[int, dict]:  # type: ignore[type-arg]

@@ -11,15 +11,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
 from gateway.config import parse_config
-from gateway.daemon import Daemon
 from gateway.guard import normalize
 from gateway.guard.engine import MemoryEngine
 from gateway.guard.normalize import MAX_JSON_DEPTH, depth_over, text_depth_over
 from gateway.guard.service import Guard, GuardInputError
 from gateway.http import MAX_BODY
+from tests.daemons import served
 
 TOKEN = "depth-token"
 CONFIG = f"""
@@ -56,12 +56,8 @@ def body(template: str, inner: str) -> bytes:
 
 @pytest.fixture
 async def client() -> AsyncIterator[TestClient[Any, Any]]:
-    daemon = Daemon(parse_config(CONFIG))
-    for adapter in daemon.adapters:
-        await adapter.start()
-    async with TestClient(TestServer(daemon.server.app)) as c:
+    async with served(CONFIG) as c:
         yield c
-    await daemon.stop()
 
 
 async def send(client: TestClient[Any, Any], method: str, path: str, raw: bytes) -> Any:

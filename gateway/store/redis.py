@@ -321,10 +321,9 @@ class RedisStore:
     async def admit(self, req: AdmitRequest) -> AdmitResult:
         keys = self.keys(req.msg.chat)
         args = self._args(req, req.msg.count, req.bot)
-        sent_at = time.time() * 1000
         if self._call_timeout_ms is not None:
             # Past the time this call gives up, Redis refuses it unrun (common.lua)
-            deadline = self.clock.deadline(sent_at, self._call_timeout_ms)
+            deadline = self.clock.deadline(time.time() * 1000, self._call_timeout_ms)
             if deadline is not None:
                 args[9] = deadline
         args += [req.local_reason.value if req.local_reason else "",
