@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from gateway.config import MAX_COUNT, MAX_WINDOW_SECONDS, BotConfig
+from gateway.config import BotConfig
+from gateway.fields import MAX_COUNT, MAX_WINDOW_SECONDS, MIN_WINDOW_SECONDS
 from gateway.model import ChatKind
 from gateway.pipeline import Gateway
 from gateway.store import ChatStatus, Limits, Overrides
@@ -62,9 +63,10 @@ def _window_ms(key: str, value: Any) -> int:
     number = isinstance(value, int | float) and not isinstance(value, bool)
     if not number or (isinstance(value, float) and not math.isfinite(value)):
         raise AdminError(f"{key}: must be a number of seconds, not {_show(value)}")
-    if not 0.001 <= value <= MAX_WINDOW_SECONDS:  # compared before any float overflow
+    if not MIN_WINDOW_SECONDS <= value <= MAX_WINDOW_SECONDS:  # before any float overflow
         raise AdminError(
-            f"{key}: must be from 0.001 to {MAX_WINDOW_SECONDS} seconds, not {_show(value)}"
+            f"{key}: must be from {MIN_WINDOW_SECONDS} to {MAX_WINDOW_SECONDS} seconds,"
+            f" not {_show(value)}"
         )
     ms: int = round(float(value) * 1000)
     return ms

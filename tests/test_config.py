@@ -240,6 +240,24 @@ bots:
     ]
 
 
+def test_a_window_under_a_millisecond_is_refused_not_rounded_to_nothing() -> None:
+    # The stores count in whole milliseconds: 0.0004 s would be a 0 ms window.
+    text = f"""{ONE_BOT}
+defaults:
+  rate_cap: {{window_seconds: 0.0004}}
+  pairs: {{window_seconds: 0.001}}
+guard:
+  profiles:
+    default: {{retry: {{window_seconds: 0.0009}}}}
+"""
+    assert problems(text) == [
+        "guard.profiles.default.retry.window_seconds: must be at least 0.001"
+        " (one millisecond, the unit the store counts in)",
+        "defaults.rate_cap.window_seconds: must be at least 0.001"
+        " (one millisecond, the unit the store counts in)",
+    ]
+
+
 def test_missing_bot_fields_are_required() -> None:
     assert problems("bots: [{platform: http}]") == [
         "bots[0].name: is required",

@@ -138,7 +138,7 @@ def test_sync_calls_for_every_endpoint(threaded_url: str) -> None:
     assert spent.budget["usd_remaining"] == 0.5
     with pytest.raises(GuardError, match="runs under profile 'strict'"):
         GuardClient(threaded_url, session="sync-4").step("y")
-    with pytest.raises(GuardError, match="tool: String should have at least 1 character"):
+    with pytest.raises(GuardError, match="tool: must not be empty"):
         guard.step("")
 
 

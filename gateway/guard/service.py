@@ -18,9 +18,10 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
-from gateway.config import BUDGET_TOO_SMALL, MIN_BUDGET_USD, GuardConfig, GuardProfile
+from gateway.config.errors import format_path, translate
 from gateway.guard import normalize
 from gateway.guard.engine import Engine
+from gateway.guard.profiles import BUDGET_TOO_SMALL, MIN_BUDGET_USD, GuardConfig, GuardProfile
 
 SESSION = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
 MICRO = 1_000_000  # dollars and confidences travel as integer millionths
@@ -115,9 +116,10 @@ def _parse(model: type[_Body], body: Any) -> Any:
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "body"
-        msg = err["msg"]
+        # Said as the config says it (one translator), in an API's words.
+        err = exc.errors(include_url=False)[0]
+        loc, msg = translate(err)
+        where = format_path(loc) if loc else "body"
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
         elif err["type"] == "int_type" and isinstance(err.get("input"), float):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway import defaults
 from gateway.store.base import (
     AdmitRequest,
     AdmitResult,
@@ -18,7 +19,7 @@ from gateway.store.base import (
     Store,
     StoreError,
 )
-from gateway.store.memory import MAX_CHATS, MemoryStore
+from gateway.store.memory import MemoryStore
 
 __all__ = [
     "AdmitRequest",
@@ -38,7 +39,7 @@ __all__ = [
 
 
 def open_store(
-    url: str, *, timeout: float = 0.5, max_chats: int = MAX_CHATS, **kwargs: Any
+    url: str, *, timeout: float = 0.5, max_chats: int = defaults.MAX_CHATS, **kwargs: Any
 ) -> Store:
     """The store a `store.url` names (the URL was validated with the config).
 

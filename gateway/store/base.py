@@ -10,10 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from gateway import defaults
 from gateway.model import Action, Reason, Turn
 from gateway.turns import Count
 
 DECISION_LOG_SIZE = 50
+# Dedupe memory per chat: the last message ids with the bots that handled them,
+# oldest evicted first. Long enough for every bot behind the store to observe a
+# message and for a platform to redeliver it; small enough to stay cheap.
+DEDUPE_ENTRIES = 128
 # How a message's counting is written in a dedupe record (Lua writes the same).
 COUNT_CODES = {Count.BOT: "b", Count.RESET: "r", Count.NONE: "n"}
 CONTEXT_TEXT_CHARS = 500
@@ -27,14 +32,14 @@ class StoreError(Exception):
 class Limits:
     """The effective policy for one admit, before per-chat overrides."""
 
-    soft_limit: int = 20
-    hard_limit: int = 100
-    max_replies: int = 6
-    rate_window_ms: int = 120_000
+    soft_limit: int = defaults.SOFT_LIMIT
+    hard_limit: int = defaults.HARD_LIMIT
+    max_replies: int = defaults.MAX_REPLIES
+    rate_window_ms: int = round(defaults.RATE_WINDOW_SECONDS * 1000)
     rate_applies: bool = True  # rate_cap.scope admits this chat kind
-    pair_max_events: int = 20
-    pair_window_ms: int = 60_000
-    pair_cooldown_ms: int = 60_000
+    pair_max_events: int = defaults.PAIR_MAX_EVENTS
+    pair_window_ms: int = round(defaults.PAIR_WINDOW_SECONDS * 1000)
+    pair_cooldown_ms: int = round(defaults.PAIR_COOLDOWN_SECONDS * 1000)
 
 
 @dataclass(frozen=True, slots=True)

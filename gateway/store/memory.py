@@ -22,11 +22,13 @@ from dataclasses import dataclass, field, replace
 from time import monotonic
 from typing import Any
 
+from gateway import defaults
 from gateway.model import LATE_TURN_REASONS, TURN_REASONS, Action, Decision, Reason, Turn
 from gateway.store.base import (
     CONTEXT_TEXT_CHARS,
     COUNT_CODES,
     DECISION_LOG_SIZE,
+    DEDUPE_ENTRIES,
     AdmitRequest,
     AdmitResult,
     ChatStatus,
@@ -43,12 +45,6 @@ from gateway.turns import Count, verdict
 
 log = logging.getLogger("botbouncer.store")
 
-# Dedupe memory per chat: the last message ids with the bots that handled them,
-# oldest evicted first. Long enough for every bot behind the store to observe a
-# message and for a platform to redeliver it; small enough to stay cheap.
-DEDUPE_ENTRIES = 128
-# store.max_chats's default; see StoreConfig.
-MAX_CHATS = 100_000
 WARN_EVERY = 60.0  # seconds between warnings that chats were forgotten
 
 _NO_OVERRIDES = Overrides()  # frozen: one for every chat that has none
@@ -108,11 +104,11 @@ class MemoryStore:
     def __init__(
         self,
         *,
-        state_ttl_seconds: float = 7 * 86400,
-        settings_ttl_seconds: float = 90 * 86400,
-        context_size: int = 8,
+        state_ttl_seconds: float = defaults.STATE_TTL_SECONDS,
+        settings_ttl_seconds: float = defaults.SETTINGS_TTL_SECONDS,
+        context_size: int = defaults.CONTEXT_MESSAGES,
         dedupe_entries: int = DEDUPE_ENTRIES,
-        max_chats: int = MAX_CHATS,
+        max_chats: int = defaults.MAX_CHATS,
     ) -> None:
         # least recently used first
         self._chats: OrderedDict[str, _Chat] = OrderedDict()

@@ -25,11 +25,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError
 from redis.typing import EncodableT
 
+from gateway import defaults
 from gateway.model import Action, Reason, Turn
 from gateway.store.base import (
     CONTEXT_TEXT_CHARS,
     COUNT_CODES,
     DECISION_LOG_SIZE,
+    DEDUPE_ENTRIES,
     AdmitRequest,
     AdmitResult,
     ChatStatus,
@@ -42,7 +44,6 @@ from gateway.store.base import (
     hold_name,
 )
 from gateway.store.batching import AutoPipeline
-from gateway.store.memory import DEDUPE_ENTRIES
 from gateway.turns import Count, verdict
 
 _OVERRIDE_FIELDS = ("soft_limit", "hard_limit", "max_replies", "rate_window_ms")
@@ -238,9 +239,9 @@ class RedisStore:
         client: aioredis.Redis | RedisCluster,
         *,
         prefix: str = "bb",
-        state_ttl_seconds: float = 7 * 86400,
-        settings_ttl_seconds: float = 90 * 86400,
-        context_size: int = 8,
+        state_ttl_seconds: float = defaults.STATE_TTL_SECONDS,
+        settings_ttl_seconds: float = defaults.SETTINGS_TTL_SECONDS,
+        context_size: int = defaults.CONTEXT_MESSAGES,
         dedupe_entries: int = DEDUPE_ENTRIES,
         call_timeout: float | None = None,
     ) -> None:

@@ -1,0 +1,127 @@
+"""The chat rules a bot is held to: `defaults:` is one `Policy`, and each bot one."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeAlias
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from gateway import defaults
+from gateway.fields import (
+    MAX_COUNT,
+    MAX_WINDOW_SECONDS,
+    PROMPT_FIELDS,
+    Float,
+    Ids,
+    Int,
+    Model,
+    OptionalSecret,
+    OptionalStr,
+    Window,
+    check_http_url,
+    check_template,
+)
+
+DEFAULT_WARN_SOFT = (
+    "⚠️ Bot turn limit reached ({n}/{limit}). "
+    "A human must reply here to continue the bot-to-bot conversation."
+)
+DEFAULT_WARN_HARD = "🛑 Hard bot turn limit reached ({n}). A human must reply to continue."
+
+
+class TurnsPolicy(Model):
+    """Consecutive bot-turn limits (docs/architecture.md)."""
+
+    soft_limit: Int = Field(default=defaults.SOFT_LIMIT, ge=1, le=MAX_COUNT)
+    hard_limit: Int = Field(default=defaults.HARD_LIMIT, ge=1, le=MAX_COUNT)
+    warn_soft: str = DEFAULT_WARN_SOFT
+    warn_hard: str = DEFAULT_WARN_HARD
+
+    @field_validator("warn_soft", "warn_hard")
+    @classmethod
+    def _template(cls, value: str) -> str:
+        return check_template(value)
+
+    # soft_limit >= hard_limit is valid: the hard limit fires first and the
+    # soft one never warns (only a hard stop). check-config notes it.
+
+
+class PairsPolicy(Model):
+    """Sliding-window loop detection per pair of bots (docs/architecture.md)."""
+
+    max_events: Int = Field(default=defaults.PAIR_MAX_EVENTS, ge=1, le=MAX_COUNT)
+    window_seconds: Window = defaults.PAIR_WINDOW_SECONDS
+    cooldown_seconds: Float = Field(
+        default=defaults.PAIR_COOLDOWN_SECONDS, ge=0, le=MAX_WINDOW_SECONDS
+    )
+
+
+class RateCapPolicy(Model):
+    """Replies per (chat, bot) in a rolling window (docs/architecture.md)."""
+
+    max_replies: Int = Field(default=defaults.MAX_REPLIES, ge=1, le=MAX_COUNT)
+    window_seconds: Window = defaults.RATE_WINDOW_SECONDS
+    scope: Literal["groups", "all"] = "groups"
+
+
+class ReplyDecisionPolicy(Model):
+    """The optional REPLY/SKIP classifier (docs/backends.md)."""
+
+    enabled: bool = False
+    endpoint: OptionalStr = Field(default=None, validate_default=True)
+    api_key: OptionalSecret = None
+    model: OptionalStr = Field(default=None, validate_default=True)
+    timeout_seconds: Float = Field(default=5.0, gt=0)
+    # A ceiling, not a target: a plain model stops after its one word, a
+    # reasoning model spends hundreds of tokens before it (cut off first, it
+    # answers nothing and every decision fails open).
+    max_tokens: Int = Field(default=1024, ge=1)
+    context_messages: Int = Field(default=defaults.CONTEXT_MESSAGES, ge=0, le=50)
+    scope: Literal["groups", "all"] = "groups"
+    identity: OptionalStr = None  # None: the bot's name, filled in by the classifier
+    prompt: OptionalStr = None  # None: the classifier's built-in prompt
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, value: str | None) -> str | None:
+        return None if value is None else check_template(value, PROMPT_FIELDS)
+
+    @field_validator("endpoint", "model")
+    @classmethod
+    def _required_when_enabled(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None and info.data.get("enabled") is True:
+            raise ValueError("is required when enabled")
+        if info.field_name == "endpoint":
+            return check_http_url(value)
+        return value
+
+
+BotMessages: TypeAlias = Literal["off", "mentions", "all"]
+
+
+class Policy(Model):
+    """Every rule a bot is held to; `defaults:` is one, and each bot is one."""
+
+    turns: TurnsPolicy = TurnsPolicy()
+    pairs: PairsPolicy = PairsPolicy()
+    bot_messages: BotMessages = "off"
+    trusted_bots: Ids = ()
+    respond_to: Literal["mentions", "all"] = "mentions"
+    rate_cap: RateCapPolicy = RateCapPolicy()
+    reply_decision: ReplyDecisionPolicy = ReplyDecisionPolicy()
+
+    @field_validator("bot_messages", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        # YAML 1.1 reads an unquoted `off` as false (and `on`/`yes` as true).
+        if value is False:
+            return "off"
+        if value is True:
+            raise ValueError(
+                "must be one of: off, mentions, all (an unquoted on/yes/true reads as a "
+                'boolean: write all or mentions, or quote the value: "all")'
+            )
+        return value
+
+
+POLICY_KEYS = frozenset(Policy.model_fields)

@@ -1,0 +1,85 @@
+"""The whole configuration: process settings, the guard, `defaults` and the bots."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from gateway.config.bots import BotConfig
+from gateway.config.errors import LOCATED, UnknownBotError
+from gateway.config.policy import POLICY_KEYS, Policy
+from gateway.config.process import HttpConfig, ShutdownConfig, StoreConfig
+from gateway.fields import Model, deep_merge, none_to_empty
+from gateway.guard.profiles import GuardConfig
+
+
+def _merge_defaults(data: Any) -> Any:
+    if not isinstance(data, Mapping):
+        return data
+    defaults, bots = data.get("defaults"), data.get("bots")
+    if not isinstance(defaults, Mapping) or not isinstance(bots, list):
+        return data
+    # Only policy keys: an unknown key in defaults is reported there, once.
+    inherited = {k: v for k, v in defaults.items() if k in POLICY_KEYS}
+    return {
+        **data,
+        "bots": [deep_merge(inherited, b) if isinstance(b, Mapping) else b for b in bots],
+    }
+
+
+class Config(Model):
+    """The whole validated configuration."""
+
+    store: StoreConfig = StoreConfig()
+    http: HttpConfig = HttpConfig()
+    shutdown: ShutdownConfig = ShutdownConfig()
+    guard: GuardConfig = GuardConfig()
+    defaults: Policy = Policy()
+    bots: list[BotConfig] = Field(default_factory=list, validate_default=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_defaults(cls, data: Any) -> Any:
+        return _merge_defaults(none_to_empty(data))
+
+    @field_validator("bots", mode="before")
+    @classmethod
+    def _bots_null(cls, value: Any) -> Any:
+        return [] if value is None else value
+
+    @field_validator("bots")
+    @classmethod
+    def _bots(cls, bots: list[BotConfig]) -> list[BotConfig]:
+        if not bots:
+            raise ValueError("at least one bot is required")
+        first: dict[str, int] = {}
+        for i, bot in enumerate(bots):
+            if bot.name in first:
+                raise PydanticCustomError(
+                    LOCATED,
+                    "{message}",
+                    {
+                        "message": f"duplicate bot name {bot.name!r}"
+                        f" (also bots[{first[bot.name]}])",
+                        "at": (i, "name"),
+                    },
+                )
+            first[bot.name] = i
+        return bots
+
+    @classmethod
+    def default(cls) -> Config:
+        """Built-in settings for running without a config file."""
+        return cls.model_validate(
+            {"bots": [{"name": "bot", "platform": "http", "backend": {"type": "echo"}}]}
+        )
+
+    def bot(self, name: str) -> BotConfig:
+        for bot in self.bots:
+            if bot.name == name:
+                return bot
+        configured = ", ".join(b.name for b in self.bots)
+        raise UnknownBotError(f"no bot named {name!r} (configured: {configured})")

@@ -1,0 +1,26 @@
+"""Every default the chat rules and stores run on, named once.
+
+The config's fields take these as their defaults (docs/configuration.md), and
+`Limits`, `MemoryStore` and `RedisStore` take them when they are built without
+a config (tests, benches, `botbouncer replay`), so the two can never disagree.
+"""
+
+from __future__ import annotations
+
+# turns:
+SOFT_LIMIT = 20
+HARD_LIMIT = 100
+# pairs:
+PAIR_MAX_EVENTS = 20
+PAIR_WINDOW_SECONDS = 60.0
+PAIR_COOLDOWN_SECONDS = 60.0
+# rate_cap:
+MAX_REPLIES = 6
+RATE_WINDOW_SECONDS = 120.0
+# reply_decision and the backends: recent messages given as context
+CONTEXT_MESSAGES = 8
+# store:
+STATE_TTL_SECONDS = 7 * 86400
+SETTINGS_TTL_SECONDS = 90 * 86400
+# Chats one process's memory holds (memory://, and Redis's local fallback).
+MAX_CHATS = 100_000
