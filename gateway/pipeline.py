@@ -11,16 +11,16 @@ import asyncio
 import json
 import logging
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from contextlib import AbstractAsyncContextManager, contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.backends import Backend, context_wanted, deadline
 from gateway.classifier import Classifier
 from gateway.config import BotConfig
-from gateway.inflight import InFlight, ShuttingDown
+from gateway.echoes import Echoes
+from gateway.inflight import InFlight
 from gateway.metrics import Metrics
 from gateway.model import Action, ChatKind, Decision, Message, Reason
 from gateway.store import (
@@ -58,9 +58,6 @@ def decision_line(d: Decision) -> str:
             f"action={d.action._value_} reason={d.reason._value_ if d.reason else '-'} "
             f"turn={d.turn._value_} soft={d.soft} hard={d.hard}")  # fmt: skip
 
-
-# Messages a gateway remembers having sent (their echoes skip the store).
-SENT_REMEMBERED = 1024
 
 # How long sending a reply may take on top of the classifier's and the
 # backend's deadlines (a platform's rate limiter may queue it): a turn hold
@@ -154,17 +151,8 @@ class Gateway:
         self.inflight = inflight if inflight is not None else InFlight()
         self.metrics = metrics
         self._s = _setup(bot, backend, classifier)
-        # what this gateway sent, as counted: the platform shows most of it
-        # back (its own echo), which then needs no store call
-        self._sent: OrderedDict[tuple[str, str], SentResult] = OrderedDict()
-        # The echo often comes before `sent` has counted the message, even
-        # before the platform answered its id (Discord's gateway event races
-        # the REST answer): an own message seen while this gateway sends in
-        # its chat waits for that send instead of calling the store.
-        self._sending: dict[str, int] = {}  # chat -> sends under way
-        self._parked: dict[str, list[tuple[Message, float]]] = {}  # chat -> id not known yet
-        self._counting: dict[tuple[str, str], list[tuple[Message, float]]] = {}  # `sent` under way
-        self._fallback: set[asyncio.Task[Decision]] = set()
+        # what this gateway sent, so that the platform showing it back costs no store call
+        self._echoes = Echoes(self._own, self.handle, lambda: self.bot.name)
 
     @property
     def bot(self) -> BotConfig:
@@ -204,36 +192,14 @@ class Gateway:
         `handle` decides. The store would answer just this and learn nothing
         from the call, so none is made: a platform that shows a bot its own
         messages (Discord) costs no store call per reply."""
-        if msg.author.id != self.bot_id:
-            return False
-        started = time.perf_counter()
-        key = (msg.chat.key, msg.id)
-        if (mine := self._sent.get(key)) is not None:
-            self._own(msg, mine, started)
-        elif (counting := self._counting.get(key)) is not None:
-            counting.append((msg, started))
-        elif msg.chat.key in self._sending:
-            self._parked.setdefault(msg.chat.key, []).append((msg, started))
-        else:  # sent by another replica, before a restart, or by hand
-            return False
-        return True
+        return msg.author.id == self.bot_id and self._echoes.catch(msg, time.perf_counter())
 
-    @contextmanager
-    def sending(self, chat: str) -> Iterator[None]:
+    def sending(self, chat: str) -> AbstractContextManager[None]:
         """The adapter sends in `chat` (and reports each message to `sent`)
         inside this block. An own message seen meanwhile that none of these
         sends turns out to be is decided by the store when the last send in
         the chat ends."""
-        self._sending[chat] = self._sending.get(chat, 0) + 1
-        try:
-            yield
-        finally:
-            left = self._sending.pop(chat) - 1
-            if left:
-                self._sending[chat] = left
-            else:
-                for msg, _ in self._parked.pop(chat, ()):
-                    self._decide_later(msg)
+        return self._echoes.sending(chat)
 
     def _own(self, msg: Message, mine: SentResult, started: float) -> Decision:
         at = time.time() if self.clock is None else self.clock()
@@ -241,24 +207,9 @@ class Gateway:
                        Reason.OWN_MESSAGE, mine.turn, mine.soft, mine.hard, at=at)  # fmt: skip
         return self._logged(own, started)
 
-    def _decide_later(self, msg: Message) -> None:
-        """An own message `sent` did not count after all: the store decides, in a task."""
-        task = asyncio.ensure_future(self.handle(msg))
-        self._fallback.add(task)
-        task.add_done_callback(self._decided_later)
-
-    def _decided_later(self, task: asyncio.Task[Decision]) -> None:
-        self._fallback.discard(task)
-        if task.cancelled() or (exc := task.exception()) is None:
-            return
-        if isinstance(exc, ShuttingDown):  # its sender counts it (when it is another replica)
-            log.info("bot %s: its own message came while stopping; not counted", self.bot.name)
-        else:
-            log.error("bot %s: deciding on its own message failed: %s", self.bot.name, exc)
-
     async def _handle(self, msg: Message, s: _Setup, busy: Busy | None) -> Decision:
         started = time.perf_counter()
-        mine = self._sent.get((msg.chat.key, msg.id)) if msg.author.id == self.bot_id else None
+        mine = self._echoes.counted(msg.chat.key, msg.id) if msg.author.id == self.bot_id else None
         if mine is not None:
             return self._own(msg, mine, started)
         count = count_kind(msg, self.bot_id)
@@ -364,17 +315,11 @@ class Gateway:
         The first message sent for a decision also files the decision in the
         chat's log, so an answered message costs two store calls in all.
         """
-        key = (decision.chat, message_id)
-        # its echo, if it came already, waits for this count
-        echoes: list[tuple[Message, float]] = []
-        if parked := self._parked.get(decision.chat):
-            echoes = [e for e in parked if e[0].id == message_id]
-            parked[:] = [e for e in parked if e[0].id != message_id]
-        self._counting[key] = echoes
         own = Observed(decision.chat, message_id, self.bot_id, self.bot.name, Count.BOT, text)
         # the first message of an answer fills the turn its admit held
         answered = decision.message_id if first and decision.action is Action.REPLY else ""
-        try:
+        # its echo, if it came already or comes meanwhile, waits for this count
+        with self._echoes.counting(decision.chat, message_id) as answer:
             counted = await self.store.record_sent(
                 SentRequest(
                     msg=own,
@@ -385,15 +330,7 @@ class Gateway:
                     answered=answered,
                 )
             )
-        except BaseException:
-            for msg, _ in self._counting.pop(key):  # not counted: the store decides on them
-                self._decide_later(msg)
-            raise
-        self._sent[key] = counted
-        if len(self._sent) > SENT_REMEMBERED:
-            self._sent.popitem(last=False)
-        for msg, started in self._counting.pop(key):
-            self._own(msg, counted, started)
+            answer(counted)
         return counted
 
     async def note(self, chat: str, message_id: str, text: str) -> None:
