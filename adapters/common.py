@@ -10,6 +10,7 @@ import re
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 
+from gateway.errors import BotbouncerError
 from gateway.inflight import ShuttingDown
 from gateway.model import Decision
 from gateway.pipeline import Gateway
@@ -18,7 +19,7 @@ from gateway.store import StoreError
 log = logging.getLogger("botbouncer.adapters")
 
 
-class SendFailed(Exception):
+class SendFailed(BotbouncerError):
     """The platform refused a message; the text says what it answered."""
 
 

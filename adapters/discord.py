@@ -38,7 +38,7 @@ from adapters.common import (
 )
 from gateway.admin import Admin, AdminError
 from gateway.config import BotConfig
-from gateway.daemon import StartupError
+from gateway.errors import BotbouncerError, StartupError
 from gateway.http import HttpServer
 from gateway.model import Action, Author, ChatKind, ChatRef, Decision, Message
 from gateway.pipeline import Gateway
@@ -71,7 +71,7 @@ _DEFAULT_GATEWAY = DiscordWebSocket.DEFAULT_GATEWAY
 _endpoints: dict[str, tuple[str, str | None]] = {}  # running bot -> (REST base, gateway)
 
 
-class PayloadError(ValueError):
+class PayloadError(BotbouncerError, ValueError):
     """A MESSAGE_CREATE payload the adapter cannot read; the text says why."""
 
 

@@ -49,7 +49,7 @@ from adapters.common import (
 )
 from gateway.admin import Admin, AdminError
 from gateway.config import BotConfig
-from gateway.daemon import StartupError
+from gateway.errors import BotbouncerError, StartupError
 from gateway.http import BadRequest, HttpServer, error, json_body
 from gateway.model import Action, Author, ChatKind, ChatRef, Decision, Message
 from gateway.pipeline import Gateway
@@ -93,7 +93,7 @@ FOREIGN = "foreign"
 # usable id) is ignored with a line saying why - never a 500 or a traceback.
 
 
-class Unreadable(Exception):
+class Unreadable(BotbouncerError):
     """A message the gateway cannot decide on; the text says what is odd."""
 
 

@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from gateway.config import BotConfig
+from gateway.errors import InputError
 from gateway.fields import MAX_COUNT, MAX_WINDOW_SECONDS, MIN_WINDOW_SECONDS
 from gateway.model import ChatKind
 from gateway.pipeline import Gateway
@@ -44,7 +45,7 @@ USAGE = (
 )
 
 
-class AdminError(ValueError):
+class AdminError(InputError):
     """The command or its arguments are wrong; the text says what to change."""
 
 

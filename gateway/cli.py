@@ -77,7 +77,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from gateway.backends.python import importable
-    from gateway.daemon import StartupError, serve
+    from gateway.daemon import serve
+    from gateway.errors import StartupError
 
     try:
         config = load_config(args.config)

@@ -26,6 +26,7 @@ from gateway.backends import Backend, make_backend
 from gateway.backends.python import PythonBackendError
 from gateway.classifier import Classifier
 from gateway.config import BotConfig, Config, ConfigError, Policy, load_config, mask_password
+from gateway.errors import StartupError
 from gateway.guard.engine import engine_for
 from gateway.guard.service import Guard
 from gateway.http import HttpServer
@@ -51,10 +52,6 @@ class Adapter(Protocol):
 
 class AdapterFactory(Protocol):
     def __call__(self, bot: BotConfig, gateway: Gateway, server: HttpServer) -> Adapter: ...
-
-
-class StartupError(Exception):
-    """The daemon cannot start; the message says why and what to change."""
 
 
 def find_adapter(platform: str) -> AdapterFactory:

@@ -27,6 +27,7 @@ from aiohttp import web
 
 from gateway.classifier import Classifier
 from gateway.config import BotConfig, Config
+from gateway.errors import BotbouncerError
 from gateway.model import Action, Author, ChatRef, Decision, Message, Reason, Turn
 from gateway.outbound import Outbound
 from gateway.pipeline import Gateway
@@ -352,7 +353,7 @@ def summary(screen: Screen, tally: Tally, brains: Sequence[PoliteBot], model: St
     screen.write("Without botbouncer, ping-bot and pong-bot would have gone on like this forever.")
 
 
-class DemoError(Exception):
+class DemoError(BotbouncerError):
     """The demo cannot run here; the message says why."""
 
 

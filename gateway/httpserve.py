@@ -84,7 +84,9 @@ BUSY = _raw_response(503, "Service Unavailable", "too many open connections; try
 
 class BodyTimeout(Exception):
     """Set on a request's payload when its body is late: the handler reading
-    it is woken and the request answered 408."""
+    it is woken and the request answered 408. Not a BotbouncerError on
+    purpose: the error middleware lets it through to handle_error below,
+    which answers it and closes the connection (nothing more is read from it)."""
 
 
 def _malloc_trim() -> Callable[[int], int] | None:

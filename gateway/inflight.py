@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import asyncio
 
+from gateway.errors import Unavailable
 
-class ShuttingDown(Exception):
+
+class ShuttingDown(Unavailable):
     """New work refused: the daemon is stopping."""
+
+    def public(self) -> str:
+        return "botbouncer is shutting down; send this to another replica"
 
 
 class _Tracked:

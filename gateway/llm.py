@@ -11,10 +11,11 @@ from typing import Any, NamedTuple
 
 import aiohttp
 
+from gateway.errors import BotbouncerError
 from gateway.redact import redact
 
 
-class LLMError(Exception):
+class LLMError(BotbouncerError):
     """The call failed; the message says how (status, timeout, bad JSON...)."""
 
 

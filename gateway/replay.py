@@ -12,12 +12,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TextIO
 
+from gateway.errors import BotbouncerError
 from gateway.model import Message
 from gateway.pipeline import Gateway
 from gateway.wire import FieldError, decision_fields, parse_input
 
 
-class ReplayError(Exception):
+class ReplayError(BotbouncerError):
     def __init__(self, line: int, problem: str) -> None:
         super().__init__(f"line {line}: {problem}")
         self.line = line

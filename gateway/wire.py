@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.errors import InputError
 from gateway.model import Author, ChatKind, ChatRef, Decision, Message
 
 FIELDS = ("chat", "author", "bot", "text", "id", "at", "kind", "mentions", "reply_to", "system")
@@ -33,7 +34,7 @@ MAX_AT = 1e12
 _AT = "at: must be a finite number of seconds (0 to 1e12)"
 
 
-class FieldError(ValueError):
+class FieldError(InputError):
     """A message field is missing or wrong; the text starts with the field name."""
 
 

@@ -14,12 +14,13 @@ from typing import Protocol
 
 from gateway.backends.breaker import CircuitBreaker, CircuitOpen
 from gateway.config import BackendConfig, BreakerConfig
+from gateway.errors import BotbouncerError
 from gateway.model import Message
 from gateway.outbound import Outbound
 from gateway.store import ContextEntry
 
 
-class BackendError(Exception):
+class BackendError(BotbouncerError):
     """The backend failed; the message says how."""
 
 

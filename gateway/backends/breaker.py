@@ -10,8 +10,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from gateway.errors import BotbouncerError
 
-class CircuitOpen(Exception):
+
+class CircuitOpen(BotbouncerError):
     """The backend is not being called right now."""
 
 

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from gateway import config
+from gateway.errors import BotbouncerError
 from gateway.model import Message
 from gateway.store import ContextEntry
 
 
-class PythonBackendError(Exception):
+class PythonBackendError(BotbouncerError):
     pass
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 
 from gateway import config
+from gateway.errors import BotbouncerError
 from gateway.model import Message
 from gateway.outbound import Outbound
 from gateway.redact import redact
@@ -90,5 +91,5 @@ class WebhookBackend:
             raise self._error(f"webhook answered invalid JSON: {exc}") from None
 
 
-class WebhookError(Exception):
+class WebhookError(BotbouncerError):
     pass

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from gateway.config.bots import TAGGED_FIELDS
+from gateway.errors import BotbouncerError
 
 KeyPath: TypeAlias = tuple[str | int, ...]
 
@@ -18,7 +19,7 @@ KeyPath: TypeAlias = tuple[str | int, ...]
 LOCATED = "located"
 
 
-class ConfigError(Exception):
+class ConfigError(BotbouncerError):
     """Everything that is wrong with a config, one `<path>: <problem>` per line."""
 
     def __init__(self, problems: str | Iterable[str]) -> None:
@@ -29,7 +30,7 @@ class ConfigError(Exception):
         return "\n".join(self.problems)
 
 
-class UnknownBotError(KeyError):
+class UnknownBotError(BotbouncerError, KeyError):
     """`Config.bot()` was asked for a name no bot has."""
 
     def __str__(self) -> str:

@@ -19,6 +19,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from gateway.config.errors import format_path, translate
+from gateway.errors import BotbouncerError, InputError
 from gateway.guard import normalize
 from gateway.guard.engine import Engine
 from gateway.guard.profiles import BUDGET_TOO_SMALL, MIN_BUDGET_USD, GuardConfig, GuardProfile
@@ -51,12 +52,14 @@ REASONS: dict[str, str] = {
 }
 
 
-class GuardInputError(ValueError):
+class GuardInputError(InputError):
     """A request the agent must fix (answered 400)."""
 
 
-class ProfileConflict(Exception):
+class ProfileConflict(BotbouncerError):
     """The session runs under another profile (answered 409)."""
+
+    status = 409
 
 
 # -- requests ---------------------------------------------------------------

@@ -7,10 +7,12 @@ integer milliseconds inside the stores so Lua and Python agree to the unit.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from gateway import defaults
+from gateway.errors import Unavailable
 from gateway.model import Action, Reason, Turn
 from gateway.turns import Count
 
@@ -24,8 +26,13 @@ COUNT_CODES = {Count.BOT: "b", Count.RESET: "r", Count.NONE: "n"}
 CONTEXT_TEXT_CHARS = 500
 
 
-class StoreError(Exception):
+class StoreError(Unavailable):
     """The one error type a store raises for a backend failure."""
+
+    log_level = logging.ERROR  # an operator must know; the client is told to retry
+
+    def public(self) -> str:
+        return "the state store is unavailable; try again"
 
 
 @dataclass(frozen=True, slots=True)

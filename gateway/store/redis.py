@@ -26,6 +26,7 @@ from redis.exceptions import RedisClusterException, RedisError
 from redis.typing import EncodableT
 
 from gateway import defaults
+from gateway.errors import BotbouncerError
 from gateway.model import Action, Reason, Turn
 from gateway.store.base import (
     CONTEXT_TEXT_CHARS,
@@ -149,7 +150,25 @@ class ChatKeys:
                 self.rate(bot), self.holds]  # fmt: skip
 
 
-class LateCall(TimeoutError):
+class failing:  # lower case: read as `with failing("admit"):`
+    """A Redis error, as the one StoreError every store raises: wrapped here,
+    once, for every call (a class, not a generator: the admit path pays no
+    more than a try would)."""
+
+    __slots__ = ("what",)
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, RedisError):
+            raise StoreError(f"redis {self.what} failed: {exc}") from exc
+
+
+class LateCall(BotbouncerError, TimeoutError):
     """Redis reached an admit after its deadline and refused it unrun: the
     call was late (this process or Redis was held up), so it is decided
     without Redis, as if it had timed out, while Redis itself answers."""
@@ -330,10 +349,8 @@ class RedisStore:
         args += [req.local_reason.value if req.local_reason else "",
                  1 if req.author_is_bot else 0, req.context,
                  hold_name(req.bot, req.msg.message_id), req.hold_ms]  # fmt: skip
-        try:
+        with failing("admit"):
             out = await self._run(self._admit, keys.common(req.bot), args)
-        except RedisError as exc:
-            raise StoreError(f"redis admit failed: {exc}") from exc
         if len(out) == 1:
             raise LateCall("redis reached this admit after its deadline and did not run it")
         if req.now_ms is None:
@@ -369,10 +386,8 @@ class RedisStore:
         args = self._args(req, req.msg.count, req.bot)
         args.append("" if req.log is None else pack_log(req.log))
         args.append(hold_name(req.bot, req.answered) if req.answered else "")
-        try:
+        with failing("record_sent"):
             turn, soft, hard = await self._run(self._sent, keys.common(req.bot), args)
-        except RedisError as exc:
-            raise StoreError(f"redis record_sent failed: {exc}") from exc
         return SentResult(_TURNS[turn], int(soft), int(hard))
 
     async def release(
@@ -382,10 +397,8 @@ class RedisStore:
         args: list[str | int] = [message_id, "" if log is None else pack_log(log),
                                  DECISION_LOG_SIZE, self._state_ttl,
                                  hold_name(bot, message_id)]  # fmt: skip
-        try:
+        with failing("release"):
             await self._run(self._release, [keys.rate(bot), keys.log, keys.holds], args)
-        except RedisError as exc:
-            raise StoreError(f"redis release failed: {exc}") from exc
 
     async def _now_ms(self) -> int:
         sec, usec = await self.client.time()
@@ -395,7 +408,7 @@ class RedisStore:
         self, chat: str, bot: str, limits: Limits, now_ms: int | None = None
     ) -> ChatStatus:
         keys = self.keys(chat)
-        try:
+        with failing("status"):
             now = now_ms if now_ms is not None else await self._now_ms()
             state = await self.client.hmget(keys.state, ["soft", "hard"])
             cfg = await self.client.hgetall(keys.cfg)
@@ -403,8 +416,6 @@ class RedisStore:
             overrides = Overrides(**{k: int(cfg[k]) for k in _OVERRIDE_FIELDS if k in cfg})
             eff = overrides.apply(limits)
             used = await self.client.zcount(keys.rate(bot), f"({now - eff.rate_window_ms}", "+inf")
-        except RedisError as exc:
-            raise StoreError(f"redis status failed: {exc}") from exc
         soft, hard = int(state[0] or 0), int(state[1] or 0)
         cooldowns = {
             str(f)[2:]: (int(v) - now) / 1000
@@ -426,39 +437,31 @@ class RedisStore:
 
     async def reset(self, chat: str) -> None:
         keys = self.keys(chat)
-        try:
+        with failing("reset"):
             await self._reset(keys=[keys.state, keys.pairs], args=[])
-        except RedisError as exc:
-            raise StoreError(f"redis reset failed: {exc}") from exc
 
     async def set_paused(self, chat: str, paused: bool) -> None:
         keys = self.keys(chat)
-        try:
+        with failing("pause"):
             if paused:
                 await self.client.hset(keys.cfg, "paused", "1")
                 await self.client.pexpire(keys.cfg, self._settings_ttl)
             else:
                 await self.client.hdel(keys.cfg, "paused")
-        except RedisError as exc:
-            raise StoreError(f"redis pause failed: {exc}") from exc
 
     async def set_overrides(self, chat: str, overrides: Overrides, merge: bool = False) -> None:
         keys = self.keys(chat)
         values = overrides.as_dict()
-        try:
+        with failing("overrides"):
             if not merge:
                 await self.client.hdel(keys.cfg, *_OVERRIDE_FIELDS)
             if values:
                 await self.client.hset(keys.cfg, items=[x for kv in values.items() for x in kv])
                 await self.client.pexpire(keys.cfg, self._settings_ttl)
-        except RedisError as exc:
-            raise StoreError(f"redis overrides failed: {exc}") from exc
 
     async def decisions(self, chat: str, limit: int = DECISION_LOG_SIZE) -> list[dict[str, Any]]:
-        try:
+        with failing("decisions"):
             raw = await self.client.lrange(self.keys(chat).log, 0, limit - 1)
-        except RedisError as exc:
-            raise StoreError(f"redis decisions failed: {exc}") from exc
         return [unpack_log(r) for r in raw]
 
     async def ping(self) -> None:
@@ -467,10 +470,8 @@ class RedisStore:
         made read-only) fails here as every admit would. The probe key is one
         small string per store prefix, expiring by itself; the server time it
         reads is a sample for ServerClock."""
-        try:
+        with failing("write check"):
             sec, usec = await self._probe(keys=[f"{self.prefix}:probe"], args=[PROBE_TTL_MS])
-        except RedisError as exc:
-            raise StoreError(f"redis write check failed: {exc}") from exc
         self.clock.sample(int(sec) * 1000 + int(usec) // 1000, time.time() * 1000)
 
     async def drop_connections(self) -> None:

@@ -1,0 +1,64 @@
+"""What every route of the HTTP API shares: JSON in and out, the body limit,
+the 400 every handler raises for input the client must fix."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from gateway.errors import InputError
+from gateway.guard.normalize import MAX_JSON_DEPTH, depth_over, text_depth_over
+
+MAX_BODY = 64 * 1024
+
+# An ingress handler gets the decoded JSON body and answers (status, JSON body).
+IngressHandler = Callable[[Any], Awaitable[tuple[int, dict[str, Any]]]]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# A platform webhook (Telegram's setWebhook) gets the request itself: it checks
+# the platform's own authentication before reading the body.
+WebhookHandler = Callable[[web.Request], Awaitable[web.Response]]
+
+
+class BadRequest(InputError):
+    """Raised by handlers for input the client must fix (answered 400)."""
+
+
+def error(status: int, message: str, **headers: str) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers or None)
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False)
+
+
+def reply(payload: Any, status: int = 200) -> web.Response:
+    # backslashreplace turns a lone surrogate into its JSON escape (\\ud800), so
+    # any string that reached us can be answered; nothing else is affected.
+    body = _dumps(payload).encode("utf-8", "backslashreplace")
+    return web.Response(body=body, status=status, content_type="application/json")
+
+
+async def json_body(request: web.Request) -> Any:
+    """The body's JSON, nested at most MAX_JSON_DEPTH deep: what handlers and
+    the guard's normaliser walk (some recursively) can then never run out of
+    stack, whatever the route. Checked on the bytes before json.loads (which
+    recurses too), at a cost under a microsecond for a typical body."""
+    raw = await request.read()
+    if not raw.strip():
+        raise BadRequest("empty body: send a JSON object")
+    too_deep = f"invalid JSON body: nested deeper than {MAX_JSON_DEPTH} levels"
+    deep = text_depth_over(raw)
+    if deep:
+        raise BadRequest(too_deep)
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:  # bad JSON or encoding, or an int beyond Python's digit limit
+        raise BadRequest(f"invalid JSON body: {exc}") from None
+    except RecursionError:
+        raise BadRequest(too_deep) from None
+    if deep is None and depth_over(value):  # a UTF-16/32 body: its bytes could not tell
+        raise BadRequest(too_deep)
+    return value
