@@ -309,15 +309,14 @@ async def serve(
     url = await daemon.start()
     # What starting made (modules, config, clients) lives as long as the
     # process: frozen out of the collector's way, a full collection walks
-    # only what messages make. Unfrozen, each one walked ~85,000 objects and
-    # held the event loop 35-50 ms, the p99 of a busy daemon (bench/README.md).
+    # only what messages make, not every object start-up made (bench/README.md).
     gc.collect()
     gc.freeze()
     # The young generation is collected every GC_YOUNG allocations, not
     # Python's 700: a message allocates a few hundred objects and frees
     # nearly all by reference counting, so at 700 the collector ran every
-    # message or two, 4 % of the daemon's CPU under load; at GC_YOUNG it is
-    # under 2 %, and the few cycles (tracebacks, futures) wait a little longer.
+    # message or two; the few cycles (tracebacks, futures) wait a little
+    # longer (measured in bench/README.md, "Third pass").
     gc.set_threshold(GC_YOUNG, *gc.get_threshold()[1:])
     bots = ", ".join(f"{b.name} ({b.platform})" for b in config.bots)
     log.info("botbouncer listening on %s - store %s - bots: %s", url, daemon.store.kind, bots)

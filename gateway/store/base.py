@@ -105,8 +105,8 @@ class ContextEntry:
 # The records a store call takes and gives back (Observed, AdmitRequest,
 # AdmitResult, SentRequest, SentResult) are made for one call and never
 # changed after; they are not frozen because a frozen dataclass sets each
-# field through object.__setattr__, several times the cost of a plain slot,
-# and a message makes six of them (9 % of the gate's instructions).
+# field through object.__setattr__, which a message's six records felt
+# (measured in bench/README.md, "Second pass").
 @dataclass(slots=True)
 class Observed:
     """A message as the store records it once per id (the counting half of admit)."""

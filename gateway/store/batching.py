@@ -10,8 +10,8 @@ for company, so latency at low load is unchanged.
 The connection is opened, authenticated and selected by redis-py (its pool,
 its URL options, TLS and all); then this module reads its answers itself, as
 they arrive (`_Link`: hiredis parses them in C, each resolves its caller's
-future in the same callback). redis-py's per-reply `read_response` coroutine
-and a task per trip cost twice as much CPU per call as the rest of the trip.
+future in the same callback), without redis-py's per-reply coroutine and a
+task per trip (bench/README.md, "Third pass", measures the difference).
 
 With a `timeout` (else the client's `socket_timeout`, if any), a call not
 answered within that many seconds of its batch being flushed fails with

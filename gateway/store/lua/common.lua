@@ -34,8 +34,7 @@ if ARGV[10] ~= '' and (ARGV[1] == '' and now or server_ms()) > tonumber(ARGV[10]
   return {'late'}
 end
 -- Numbers reach redis.call as strings made by int(): Lua's own conversion is
--- sprintf("%.14g"), which costs several times "%d" and was a tenth of what
--- Redis spent on a message.
+-- sprintf("%.14g"), several times the cost of "%d" (bench/README.md).
 local function int(n) return string.format('%d', n) end
 local NOW = int(now)
 local MSG_ID, AUTHOR, NAME, KIND, TEXT, BOT = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
