@@ -210,6 +210,9 @@ class Agreement(RuleBasedStateMachine):
         self.times: set[int] = set()  # when admits and sends were
         # when a rate slot, a turn hold or a pair cooldown seen so far ends
         self.deadlines: dict[str, set[int]] = {c: set() for c in CHATS}
+        # the same, for the bot whose slot or hold it is: an admit for that bot
+        # at that instant is where an off-by-one in its own window shows
+        self.own_deadlines: dict[tuple[str, str], set[int]] = {}
         self.limits: dict[str, Limits] = {b: Limits() for b in BOTS}
         self.rate_applies: dict[str, bool] = {c: True for c in CHATS}
 
@@ -250,7 +253,10 @@ class Agreement(RuleBasedStateMachine):
         ).log_entry()
 
     def admit(self, msg: Msg, view: View) -> None:
-        ahead = sorted(t for t in self.deadlines[msg.chat] if t > self.now)
+        own = self.own_deadlines.get((msg.chat, view.bot), set())
+        ahead = sorted(t for t in own if t > self.now) or sorted(
+            t for t in self.deadlines[msg.chat] if t > self.now
+        )
         if view.edge is not None and ahead:
             self.now = max(self.now, ahead[0] + view.edge)
         else:
@@ -281,10 +287,13 @@ class Agreement(RuleBasedStateMachine):
 
         res = self.agree(f"admit {msg.id} by {msg.author} for {bot} at {now}", view.replica, call)
         self.delivered.append((msg, view))
+        ends = self.own_deadlines.setdefault((msg.chat, bot), set())
         if res.reserved:  # its rate slot lapses
             self.deadlines[msg.chat].add(now + res.limits.rate_window_ms)
+            ends.add(now + res.limits.rate_window_ms)
         if view.hold_ms and res.action is None:  # its turn hold lapses
             self.deadlines[msg.chat].add(now + view.hold_ms)
+            ends.add(now + view.hold_ms)
         self.note_cooldowns(msg.chat)
 
     def sent(self, msg: Msg, bot: str, replica: int, answered: str, log: str | None) -> None:
@@ -315,8 +324,12 @@ class Agreement(RuleBasedStateMachine):
         """When the chat's pair cooldowns end, as its status tells (asked of the
         memory store only: the answers are compared elsewhere)."""
         status = ENV.run(self.memory.status(chat, BOTS[0], Limits(), now_ms=self.now))
-        for left in status.pair_cooldowns.values():
-            self.deadlines[chat].add(self.now + round(left * 1000))
+        for pair, left in status.pair_cooldowns.items():
+            end = self.now + round(left * 1000)
+            self.deadlines[chat].add(end)
+            for bot in BOTS:  # a deadline of each bot of the pair (a name may hold '|')
+                if pair.startswith(bot + "|") or pair.endswith("|" + bot):
+                    self.own_deadlines.setdefault((chat, bot), set()).add(end)
 
     def compare_chat(self, chat: str, bot: str, replica: int) -> None:
         limits, now = self.limits_for(bot, chat), self.now
@@ -400,6 +413,34 @@ class Agreement(RuleBasedStateMachine):
                 ),
             )
         assert msg is not None
+        return msg
+
+    @precondition(lambda self: any(t > self.now for e in self.own_deadlines.values() for t in e))
+    @rule(
+        target=messages,
+        pick=st.integers(0, 7),
+        delta=st.sampled_from([0, 0, -1, 1]),
+        author=st.sampled_from([*PEOPLE, "A", "B"]),
+        replica=st.integers(0, REPLICAS - 1),
+        hold_ms=st.sampled_from([0, 30_000]),
+    )
+    def ask_at_a_deadline(
+        self, pick: int, delta: int, author: str, replica: int, hold_ms: int
+    ) -> Msg:
+        """A message for a bot at the instant one of its own rate slots, turn
+        holds or pair cooldowns in the chat ends, or a millisecond either
+        side: where `<` and `<=` part. Random steps rarely land there for the
+        right bot with its window full; this rule does (a person's message
+        passes the turn gates, so the rate cap decides; a bot's meets the
+        holds and the cooldowns)."""
+        ahead = sorted((t, chat, bot) for (chat, bot), ends in self.own_deadlines.items()
+                       for t in ends if t > self.now)  # fmt: skip
+        end, chat, bot = ahead[min(pick, len(ahead) - 1)]
+        self.now = max(self.now, end + delta)
+        count = Count.RESET if author in PEOPLE else Count.BOT
+        msg = Msg(chat, self.fresh_id(chat), author, count, author, "at the edge")
+        view = View(bot, replica, None, False, hold_ms, 0, 0)
+        self.admit(msg, view)
         return msg
 
     @precondition(lambda self: self.delivered)
