@@ -53,7 +53,7 @@ def test_every_error_derives_from_the_one_base_or_is_named_as_outside() -> None:
         ("gateway.api.common.BadRequest", 400),
         ("gateway.admin.AdminError", 400),
         ("gateway.wire.FieldError", 400),
-        ("gateway.guard.service.GuardInputError", 400),
+        ("gateway.guard.requests.GuardInputError", 400),
         ("gateway.guard.service.ProfileConflict", 409),
         ("gateway.store.base.StoreError", 503),
         ("gateway.inflight.ShuttingDown", 503),

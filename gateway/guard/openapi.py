@@ -7,16 +7,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.guard.service import (
-    REASONS,
+from gateway.guard.requests import (
     HandoffBody,
     KbQueryBody,
     ResultBody,
     RetryBody,
-    SessionView,
     StepBody,
     UsageBody,
 )
+from gateway.guard.service import REASONS, SessionView
 
 _OPS: dict[str, tuple[str, type[Any], str]] = {
     "step": ("Check a tool call before making it", StepBody, "step"),

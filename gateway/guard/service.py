@@ -1,8 +1,8 @@
 """The agent guard: checks an agent framework calls before each step, and
 reports to after (docs/agent-guard.md).
 
-Requests are validated here (a clear 400 names the field), normalised into
-the strings the detectors compare (gateway/guard/normalize.py), and passed
+Requests are validated (gateway/guard/requests.py: a 400 names the field),
+normalised into the strings the detectors compare (gateway/guard/normalize.py), and passed
 with the session's profile to one atomic script call (gateway/guard/engine.py).
 Every answer is `allow`, `warn` or `block`, a stable reason code, a message
 an agent can show its model, the evidence, and the budget left.
@@ -14,17 +14,26 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+from pydantic import BaseModel, Field
 
-from gateway.config.errors import format_path, translate
-from gateway.errors import BotbouncerError, InputError
+from gateway.errors import BotbouncerError
 from gateway.guard import normalize
 from gateway.guard.engine import Engine
-from gateway.guard.profiles import BUDGET_TOO_SMALL, MIN_BUDGET_USD, GuardConfig, GuardProfile
+from gateway.guard.profiles import GuardConfig, GuardProfile
+from gateway.guard.requests import (
+    GuardInputError,
+    HandoffBody,
+    KbQueryBody,
+    ResultBody,
+    RetryBody,
+    StepBody,
+    UsageBody,
+    check_session,
+    parse_body,
+)
 
-SESSION = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
 MICRO = 1_000_000  # dollars and confidences travel as integer millionths
 
 # Every reason code, with what it means (docs/agent-guard.md lists them too).
@@ -52,90 +61,10 @@ REASONS: dict[str, str] = {
 }
 
 
-class GuardInputError(InputError):
-    """A request the agent must fix (answered 400)."""
-
-
 class ProfileConflict(BotbouncerError):
     """The session runs under another profile (answered 409)."""
 
     status = 409
-
-
-# -- requests ---------------------------------------------------------------
-
-Name = Annotated[str, Field(min_length=1, max_length=200)]
-Tokens = Annotated[int, Field(ge=0, le=10**12)]
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-
-
-class StepBody(_Body):
-    tool: Name
-    args: Any = Field(default_factory=dict)
-    input_tokens: Tokens | None = None
-
-
-class ResultBody(_Body):
-    tool: Name
-    ok: StrictBool = True
-    output: Any = None
-
-
-class RetryBody(_Body):
-    task: Name
-    input: str = ""
-    error: Any = None
-
-
-class HandoffBody(_Body):
-    source: Name
-    target: Name
-
-
-class KbQueryBody(_Body):
-    question: Annotated[str, Field(min_length=1, max_length=10_000)]
-    confidence: Annotated[float, Field(ge=0, le=1)] | None = None
-
-
-class UsageBody(_Body):
-    cost_usd: Annotated[float, Field(ge=0, le=10**7)] = 0.0
-    tokens: Tokens = 0
-    # Money travels in micro-dollars: a smaller budget would round to 0, which
-    # the script reads as "no budget" - the opposite of what was asked.
-    budget_usd: Annotated[float, Field(ge=MIN_BUDGET_USD, le=10**7)] | None = None
-    budget_tokens: Annotated[int, Field(ge=1, le=10**13)] | None = None
-
-
-def _parse(model: type[_Body], body: Any) -> Any:
-    if not isinstance(body, dict):
-        raise GuardInputError("body: must be a JSON object")
-    # Before anything walks it (json.dumps recurses): json_body has refused a
-    # deeper HTTP body already, but a caller in this process may pass anything.
-    if normalize.depth_over(body):
-        raise GuardInputError(f"body: nested deeper than {normalize.MAX_JSON_DEPTH} levels")
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        # Said as the config says it (one translator), in an API's words.
-        err = exc.errors(include_url=False)[0]
-        loc, msg = translate(err)
-        where = format_path(loc) if loc else "body"
-        if err["type"] == "extra_forbidden":
-            msg = "unknown field"
-        elif err["type"] == "int_type" and isinstance(err.get("input"), float):
-            msg = "must be a whole number"
-        elif where == "budget_usd" and err["type"] == "greater_than_equal":
-            msg = BUDGET_TOO_SMALL
-        raise GuardInputError(f"{where}: {msg}") from None
-
-
-def check_session(session: str) -> str:
-    if not SESSION.match(session):
-        raise GuardInputError("session: use 1-128 of A-Z a-z 0-9 . _ : @ -")
-    return session
 
 
 # -- answers ------------------------------------------------------------------
@@ -363,7 +292,7 @@ class Guard:
         )
 
     async def step(self, session: str, body: Any, profile: str | None = None) -> Answer:
-        req = _parse(StepBody, body)
+        req = parse_body(StepBody, body)
         _, p = self.profile(profile)
         payload: dict[str, Any] = {
             "tool": req.tool,
@@ -377,7 +306,7 @@ class Guard:
         return await self._check(session, profile, "step", payload)
 
     async def result(self, session: str, body: Any, profile: str | None = None) -> Answer:
-        req = _parse(ResultBody, body)
+        req = parse_body(ResultBody, body)
         _, p = self.profile(profile)
         sub = req.tool in p.subagents.tools
         payload = {
@@ -391,7 +320,7 @@ class Guard:
         return await self._check(session, profile, "result", payload)
 
     async def retry(self, session: str, body: Any, profile: str | None = None) -> Answer:
-        req = _parse(RetryBody, body)
+        req = parse_body(RetryBody, body)
         _, p = self.profile(profile)
         pattern = p.retry.prechecks.get(req.task)
         failed = pattern is not None and re.search(pattern, req.input) is None
@@ -400,19 +329,19 @@ class Guard:
         )
 
     async def handoff(self, session: str, body: Any, profile: str | None = None) -> Answer:
-        req = _parse(HandoffBody, body)
+        req = parse_body(HandoffBody, body)
         payload = {"source": req.source, "target": req.target}
         return await self._check(session, profile, "handoff", payload)
 
     async def kb_query(self, session: str, body: Any, profile: str | None = None) -> Answer:
-        req = _parse(KbQueryBody, body)
+        req = parse_body(KbQueryBody, body)
         payload: dict[str, Any] = {"topic": normalize.topic(req.question)}
         if req.confidence is not None:
             payload["conf"] = round(req.confidence * MICRO)
         return await self._check(session, profile, "kb", payload)
 
     async def usage(self, session: str, body: Any, profile: str | None = None) -> Answer:
-        req = _parse(UsageBody, body)
+        req = parse_body(UsageBody, body)
         payload: dict[str, Any] = {"usd": round(req.cost_usd * MICRO), "tok": req.tokens}
         if req.budget_usd is not None:
             payload["busd"] = round(req.budget_usd * MICRO)
