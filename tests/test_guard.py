@@ -481,7 +481,7 @@ async def test_a_bad_session_id_is_refused(guard: Guard) -> None:
 
 
 def test_every_reason_has_a_description() -> None:
-    assert len(REASONS) == 20 and all(REASONS.values())
+    assert len(REASONS) == 23 and all(REASONS.values())
 
 
 async def test_concurrent_steps_for_one_session_allow_exactly_the_ceiling(make: Any) -> None:

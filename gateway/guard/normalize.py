@@ -147,8 +147,115 @@ def signature(tool: str, args: Any) -> str:
     return digest(tool + "\x00" + canonical(args))
 
 
-def result_hash(output: Any) -> str:
-    return digest(canonical(output))
+# Keys whose values change on every run of one call: timings, process ids,
+# run counters, ids of a run and clocks. Compared without case, `_` and `-`
+# (`duration_ms`, `durationMs` and `DURATION-MS` are one key). A profile may
+# replace the list (`results.volatile_keys`, docs/agent-guard.md).
+VOLATILE_KEYS = (
+    "duration", "duration_ms", "duration_seconds", "elapsed", "elapsed_ms",
+    "elapsed_seconds", "took", "took_ms", "time_ms", "runtime_ms", "execution_count",
+    "exec_count", "pid", "process_id", "session_id", "request_id", "trace_id", "span_id",
+    "run_id", "timestamp", "ts", "started_at", "finished_at", "ended_at", "created_at",
+    "updated_at",
+)  # fmt: skip
+# The same in plain text: clock times, durations, process ids, UUIDs.
+_VOLATILE_TEXT = re.compile(
+    r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?"
+    r"|\b\d{1,2}:\d{2}:\d{2}(?:[.,]\d+)?\b"
+    r"|\b\d+(?:[.,]\d+)?\s?(?:ms|s|sec|secs|seconds?|milliseconds?|us|µs|ns)\b"
+    r"|\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b",
+)
+_DIGITS = re.compile(r"\d+")
+
+
+def _key(name: str) -> str:
+    return name.lower().replace("_", "").replace("-", "")
+
+
+def volatile_text(text: str, keys: frozenset[str]) -> str:
+    """`text` with its clock times, durations and UUIDs masked, and the value
+    of every `key=value` / `key: value` whose key is volatile."""
+    text = _VOLATILE_TEXT.sub("~", text)
+    if keys:
+        text = _KEY_VALUE.sub(lambda m: m[1] + "~" if _key(m[2]) in keys else m[0], text)
+    return text
+
+
+_KEY_VALUE = re.compile(r"(\b([A-Za-z][\w-]*)\s*[=:]\s*)[^\s,;]+")
+
+
+def steady(output: Any, volatile_keys: tuple[str, ...] = VOLATILE_KEYS) -> Any:
+    """`output` without what changes on every run of the same call: volatile
+    keys dropped from objects at any depth (also from a string holding a JSON
+    object or array), and volatile text masked. Iterative, like words()."""
+    keys = frozenset(_key(k) for k in volatile_keys)
+
+    def clean_text(text: str) -> Any:
+        stripped = text.strip()
+        if stripped[:1] in ("{", "[") and len(stripped) <= 65_536:
+            try:
+                parsed = json.loads(stripped)
+            except ValueError:
+                parsed = None
+            if isinstance(parsed, dict | list) and not depth_over(parsed):
+                return steady(parsed, volatile_keys)
+        return volatile_text(text, keys)
+
+    if isinstance(output, str):
+        return clean_text(output)
+    if not isinstance(output, dict | list):
+        return output
+    root: list[Any] = [output]
+    stack: list[tuple[Any, list[Any] | dict[str, Any], Any]] = [(output, root, 0)]
+    while stack:
+        item, parent, slot = stack.pop()
+        if isinstance(item, dict):
+            copy: dict[str, Any] = {}
+            for k, v in item.items():
+                if _key(str(k)) not in keys:
+                    copy[k] = None
+                    stack.append((v, copy, k))
+            parent[slot] = copy
+        elif isinstance(item, list):
+            items: list[Any] = [None] * len(item)
+            for i, v in enumerate(item):
+                stack.append((v, items, i))
+            parent[slot] = items
+        elif isinstance(item, str):
+            parent[slot] = volatile_text(item, keys)
+        else:
+            parent[slot] = item
+    return root[0]
+
+
+def result_hash(output: Any, volatile_keys: tuple[str, ...] = VOLATILE_KEYS) -> str:
+    """A result's hash, with what changes on every run left out (steady)."""
+    return digest(canonical(steady(output, volatile_keys)))
+
+
+def shape(value: Any) -> str:
+    """A hash of `value` with every number masked: `{"try": 3}` and `{"try": 4}`,
+    "error 3" and "error 4" are one shape (a retry counter is no new call)."""
+    return digest(_DIGITS.sub("#", canonical(value)))
+
+
+# Argument keys that name what a call acts on. Calls whose targets all differ
+# (one template written to thirty files) are not rephrasings of one input,
+# however alike the rest of their arguments (`fixation.target_keys`).
+TARGET_KEYS = (
+    "path", "file", "file_path", "filepath", "filename", "url", "uri", "id", "page",
+    "target", "destination", "dest", "key", "name", "table", "channel",
+)  # fmt: skip
+
+
+def target(args: Any, target_keys: tuple[str, ...] = TARGET_KEYS) -> str:
+    """A hash of the target arguments of a call (top-level keys of an object),
+    or "" when it has none."""
+    if not isinstance(args, dict):
+        return ""
+    keys = frozenset(_key(k) for k in target_keys)
+    found = {k: v for k, v in args.items() if _key(str(k)) in keys}
+    return digest(canonical(found)) if found else ""
 
 
 def words(value: Any) -> set[str]:

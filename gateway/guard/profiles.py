@@ -24,6 +24,7 @@ from gateway.fields import (
     float_not_bool,
     int_not_bool,
 )
+from gateway.guard import normalize
 
 Ratio = Annotated[float, BeforeValidator(float_not_bool), Field(gt=0, le=1)]
 Times = Annotated[int, BeforeValidator(int_not_bool), Field(ge=1, le=MAX_COUNT)]
@@ -67,6 +68,39 @@ class CycleGuard(WarnBlock):
 class FixationGuard(Model):
     window: Int = Field(default=4, ge=2, le=16)  # the tool's last calls compared
     similarity: Ratio = 0.70  # pairwise Jaccard of their input tokens
+    # arguments naming what a call acts on: calls that all act on different
+    # targets are not fixation, however alike the rest of their arguments
+    target_keys: tuple[NonEmptyStr, ...] = normalize.TARGET_KEYS
+
+
+class ResultsGuard(Model):
+    """How results are compared: these keys (without case, `_` or `-`) are
+    dropped from JSON results at any depth and masked in text, with clock
+    times, durations and UUIDs, so a loop whose output differs only in its
+    timing, pid or run counter is seen as one."""
+
+    volatile_keys: tuple[NonEmptyStr, ...] = normalize.VOLATILE_KEYS
+
+
+class PollingGuard(Model):
+    """Tools that poll (a job's status, a queue): an unchanged answer is what
+    waiting looks like, so identical calls, same results, cycles and low
+    exploration do not count them. They are stopped (`poll_limit`) after
+    `max_unchanged` same answers in a row or `max_seconds` of them, and
+    still count against the step ceilings and the budget."""
+
+    tools: tuple[NonEmptyStr, ...] = ()
+    max_unchanged: Times = 100
+    max_seconds: Window = 1800.0
+
+
+class NarrowRunGuard(Model):
+    """A long run that uses only a few distinct calls, though each answers
+    something new (a log tailed, two agents passing a message back and
+    forth): warned (`narrow_run`), never blocked."""
+
+    calls: Int = Field(default=30, ge=4, le=256)
+    max_distinct: Int = Field(default=2, ge=1, le=16)
 
 
 class ExplorationGuard(Model):
@@ -151,6 +185,11 @@ class GuardProfile(Model):
     fixation: FixationGuard = FixationGuard()
     exploration: ExplorationGuard = ExplorationGuard()
     failures: WarnBlock = WarnBlock(warn_at=3, block_at=5)
+    # the same call failing the same way again, whatever came between
+    repeated_failure: WarnBlock = WarnBlock(warn_at=2, block_at=3)
+    results: ResultsGuard = ResultsGuard()
+    polling: PollingGuard = PollingGuard()
+    narrow_run: NarrowRunGuard = NarrowRunGuard()
     no_progress_at: Times = 3  # the same result from one tool this many times in a row
     subagents: SubagentGuard = SubagentGuard()
     retry: RetryGuard = RetryGuard()
@@ -166,6 +205,9 @@ class GuardProfile(Model):
         # Revisits are counted in the chain kept: a shorter one hides them.
         if self.session.max_chain < 2 * self.handoff.max_visits:
             raise ValueError("session.max_chain must be at least 2 * handoff.max_visits")
+        # both look back over the calls the session keeps
+        if self.narrow_run.calls > self.cycle.history:
+            raise ValueError("narrow_run.calls must not be greater than cycle.history")
         return self
 
 

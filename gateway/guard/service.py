@@ -43,8 +43,12 @@ REASONS: dict[str, str] = {
     "tool_cycle": "a sequence of calls repeating (A B A B, A B C A B C)",
     "input_fixation": "the tool's last calls rephrase one input without progress",
     "low_exploration": "few distinct calls among the recent ones",
-    "failure_streak": "one tool failing again and again, whatever the arguments",
+    "failure_streak": "one tool failing again and again, the same call the same way, nothing "
+    "succeeding in between",
+    "repeated_failure": "the same call failing the same way again, whatever came between",
     "no_progress": "one tool returning the same result again and again",
+    "poll_limit": "a polling tool answering the same for too many polls or too long",
+    "narrow_run": "a long run of calls using only one or two distinct calls",
     "subagent_call_limit": "a sub-agent called more often than allowed",
     "subagent_repeated_response": "a sub-agent answering the same thing twice in a row",
     "input_missing_prerequisite_signal": "a retry whose input lacks what the task needs",
@@ -137,8 +141,22 @@ def message(reason: str, ev: dict[str, Any], budget: dict[str, Any]) -> str:
         return (f"Only {ev['unique']} of your last {ev['calls']} calls were different. You "
                 "are repeating yourself: stop and answer, or try a new approach.")  # fmt: skip
     if reason == "failure_streak":
-        return (f"{tool} failed {ev['failures']} times in a row, whatever the arguments. "
-                "Stop calling it: use another tool or report the failure.")  # fmt: skip
+        return (f"{tool} failed {ev['failures']} times in a row the same way, with nothing "
+                "else succeeding in between. Stop calling it: change what you do, use another "
+                "tool or report the failure.")  # fmt: skip
+    if reason == "repeated_failure":
+        return (f"This call to {tool} has failed the same way {ev['failures']} times. Calling "
+                "it again will fail again: change the arguments, fix the cause first, or "
+                "report the failure.")  # fmt: skip
+    if reason == "poll_limit":
+        return (f"{tool} has answered the same {ev['unchanged']} times in a row "
+                f"({ev['waited_seconds']} s). Stop waiting: report that it has not finished, "
+                "or check why it is stuck.")  # fmt: skip
+    if reason == "narrow_run":
+        tools = ", ".join(ev["tools"])
+        return (f"Your last {ev['calls']} calls were only {ev['distinct']} distinct ones "
+                f"({tools}). Make sure this is getting somewhere; if not, stop and answer "
+                "with what you have.")  # fmt: skip
     if reason == "no_progress":
         return (f"{tool} returned the same result {ev['same_results']} times in a row. "
                 "Calling it again will not change it: act on the result or move on.")  # fmt: skip
@@ -212,6 +230,10 @@ def limits_of(profile: GuardProfile, ttl_seconds: int) -> str:
         "explore_min_calls": p.exploration.min_calls,
         "explore_min_ratio": p.exploration.min_ratio,
         "fail_warn": p.failures.warn_at, "fail_block": p.failures.block_at,
+        "rf_warn": p.repeated_failure.warn_at, "rf_block": p.repeated_failure.block_at,
+        "poll_max": p.polling.max_unchanged,
+        "poll_ms": round(p.polling.max_seconds * 1000),
+        "narrow_calls": p.narrow_run.calls, "narrow_distinct": p.narrow_run.max_distinct,
         "same_result_warn": p.no_progress_at,
         "sub_max_calls": p.subagents.max_calls, "sub_similarity": p.subagents.similarity,
         "retry_max": p.retry.max_retries,
@@ -297,9 +319,12 @@ class Guard:
         payload: dict[str, Any] = {
             "tool": req.tool,
             "sig": normalize.signature(req.tool, req.args),
+            "ash": normalize.shape(req.args),
+            "tgt": normalize.target(req.args, p.fixation.target_keys),
             "toks": normalize.tokens(req.args, p.session.max_tokens),
             "exempt": req.tool in p.exempt_tools,
             "sub": req.tool in p.subagents.tools,
+            "poll": req.tool in p.polling.tools,
         }
         if req.input_tokens is not None:
             payload["itok"] = req.input_tokens
@@ -309,11 +334,15 @@ class Guard:
         req = parse_body(ResultBody, body)
         _, p = self.profile(profile)
         sub = req.tool in p.subagents.tools
+        # compared without what changes on every run (timings, pids, ...)
+        steady = normalize.steady(req.output, p.results.volatile_keys)
         payload = {
             "tool": req.tool,
             "ok": req.ok,
-            "rh": normalize.result_hash(req.output),
+            "rh": normalize.digest(normalize.canonical(steady)),
+            "rsh": normalize.shape(steady),
             "exempt": req.tool in p.exempt_tools,
+            "poll": req.tool in p.polling.tools,
             "sub": sub,
             "rtoks": normalize.tokens(req.output, p.session.max_tokens) if sub else "",
         }

@@ -126,6 +126,48 @@ end
 
 local function new_tool() return {n = 0, fail = 0, same = 0, toks = {}} end
 
+-- The failure streak counts a tool's failures in a row that repeat the one
+-- before: the same call up to numbers (a retry counter is no new call), the
+-- same failure up to numbers, and no call of any tool succeeding in between.
+-- Distinct arguments, another failure or a successful step since are progress.
+local function check_failures_of(name, t, shape)
+  if t.fail > 0 and t.fash == shape then check_failures(name, t) end
+end
+
+-- Identical failures: the same call failing the same way, counted over the
+-- calls the session keeps since that call last succeeded, whatever came
+-- between them.
+local function identical_failures(sig, rh)
+  local n = 0
+  for i = #S.hist, 1, -1 do
+    local e = S.hist[i]
+    if e.s == sig and e.r then
+      if not e.f then break end  -- since the call last succeeded
+      if e.r == rh then n = n + 1 end
+    end
+  end
+  return n
+end
+
+local function check_repeated_failure(name, n)
+  if n >= L.rf_block then
+    finding('block', 'repeated_failure', {tool = name, failures = n})
+  elseif n >= L.rf_warn then
+    finding('warn', 'repeated_failure', {tool = name, failures = n})
+  end
+end
+
+-- A poller's unchanged answers: too many in a row, or for too long.
+local function check_poll(name, t)
+  local n = t.pn or 0
+  if n < 2 then return end
+  local waited = NOW - (t.psince or NOW)
+  if n >= L.poll_max or waited >= L.poll_ms then
+    finding('block', 'poll_limit', {tool = name, unchanged = n,
+      waited_seconds = math.floor(waited / 1000)})
+  end
+end
+
 local function tool_state(name)
   return entry(S.tools, name, L.max_tools, new_tool)
 end
@@ -176,7 +218,10 @@ if OP == 'step' then
     if t.n >= L.max_per_tool then
       finding('block', 'tool_call_limit', {tool = name, calls = t.n, max = L.max_per_tool})
     end
-    check_failures(name, t)
+    check_failures_of(name, t, P.ash)
+    local last_fail = t.frh
+    if last_fail then check_repeated_failure(name, identical_failures(P.sig, last_fail)) end
+    if P.poll then check_poll(name, t) end
     if P.sub then
       local sa = S.sub[name] or {n = 0}
       if sa.n >= L.sub_max_calls then
@@ -189,7 +234,9 @@ if OP == 'step' then
     -- identical: without results every repeat counts; with results, only a
     -- repeat after an unchanged result (the first result is the baseline)
     local run, streak = S.run, 1
-    if run.s == P.sig then
+    if P.poll then
+      streak = 0  -- an unchanged poll is waiting: check_poll bounds it
+    elseif run.s == P.sig then
       if not run.has or run.same then streak = run.n + 1 end
     end
     if streak >= L.ident_block then
@@ -198,9 +245,12 @@ if OP == 'step' then
       finding('warn', 'identical_call', {tool = name, repeats = streak})
     end
     -- cycle: the newest calls repeat with a period of cycle_min..cycle_max
+    -- polls are waiting, not choices: the history checks leave them out
     local h = {}
-    for i = math.max(1, #S.hist - L.history + 2), #S.hist do h[#h + 1] = S.hist[i] end
-    h[#h + 1] = call
+    for i = math.max(1, #S.hist - L.history + 2), #S.hist do
+      if not S.hist[i].p then h[#h + 1] = S.hist[i] end
+    end
+    if not P.poll then h[#h + 1] = call end
     local n, best_p, best_reps = #h, nil, 1
     for p = L.cycle_min, L.cycle_max do
       if 2 * p > n then break end
@@ -215,6 +265,7 @@ if OP == 'step' then
         if reps > best_reps then best_p, best_reps = p, reps end
       end
     end
+    if P.poll then best_p = nil end
     if best_p then
       local pattern = {}
       for i = n - best_p + 1, n do pattern[#pattern + 1] = h[i].t end
@@ -225,21 +276,25 @@ if OP == 'step' then
     -- fixation: the tool's last calls since progress, all different, all alike
     local win = {}
     for i = math.max(1, #t.toks - L.fix_window + 2), #t.toks do win[#win + 1] = t.toks[i] end
-    win[#win + 1] = {s = P.sig, k = P.toks}
-    if #win >= L.fix_window then
-      local distinct, low = true, 1
+    win[#win + 1] = {s = P.sig, k = P.toks, g = P.tgt}
+    if #win >= L.fix_window and not P.poll then
+      local distinct, low, targets = true, 1, true
       for i = 1, #win do
+        if (win[i].g or '') == '' then targets = false end
         for j = i + 1, #win do
           if win[i].s == win[j].s then distinct = false end
+          if win[i].g == win[j].g then targets = false end
           low = math.min(low, jaccard(win[i].k, win[j].k))
         end
       end
-      if distinct and low >= L.fix_similarity then
+      -- every call acting on another target (a template written to many
+      -- files) is not one input rephrased
+      if distinct and not targets and low >= L.fix_similarity then
         finding('block', 'input_fixation', {tool = name, calls = #win, similarity = round2(low)})
       end
     end
     -- exploration: unique (tool, input[, result]) over the recent calls
-    if n >= L.explore_min_calls then
+    if n >= L.explore_min_calls and not P.poll then
       local seen, u = {}, 0
       for _, e in ipairs(h) do
         local k = e.s .. ':' .. (e.r or '')
@@ -247,6 +302,22 @@ if OP == 'step' then
       end
       if u / n < L.explore_min_ratio then
         finding('block', 'low_exploration', {unique = u, calls = n, ratio = round2(u / n)})
+      end
+    end
+    -- a narrow run: the newest calls use only a few distinct ones, though
+    -- their results change (a repeat with the same result is caught above)
+    if n >= L.narrow_calls and not P.poll then
+      local seen, k, tools = {}, 0, {}
+      for i = n - L.narrow_calls + 1, n do
+        local e = h[i]
+        if not seen[e.s] then
+          seen[e.s] = true
+          k = k + 1
+          tools[#tools + 1] = e.t
+        end
+      end
+      if k <= L.narrow_distinct then
+        finding('warn', 'narrow_run', {calls = L.narrow_calls, distinct = k, tools = tools})
       end
     end
   end
@@ -277,8 +348,16 @@ if OP == 'step' then
     t = tool_state(name)
     t.n = t.n + 1
     -- the check compares a new call with the window's other fix_window - 1
-    push(t.toks, {s = P.sig, k = P.toks}, L.fix_window - 1)
+    if not P.poll then push(t.toks, {s = P.sig, k = P.toks, g = P.tgt}, L.fix_window - 1) end
+    t.lash = P.ash  -- the call a failure reported next belongs to
+    if P.poll then call.p = 1 end
     push(S.hist, call, L.history)
+    if P.sub then
+      local sa = S.sub[name] or {n = 0}
+      sa.n = sa.n + 1
+      S.sub[name] = sa
+    end
+    if P.poll then return end  -- a poll neither starts nor ends an identical run
     local run = S.run
     if run.s == P.sig and (not run.has or run.same) then
       run.n = run.n + 1
@@ -289,11 +368,6 @@ if OP == 'step' then
       run = S.run
     end
     run.has, run.same = false, false
-    if P.sub then
-      local sa = S.sub[name] or {n = 0}
-      sa.n = sa.n + 1
-      S.sub[name] = sa
-    end
   end)
 end
 
@@ -314,6 +388,7 @@ if OP == 'result' then
   end
   if call then
     call.r = P.rh
+    if not P.ok then call.f = 1 end
     local newest = S.hist[#S.hist]
     if newest == call and S.run.s == call.s then
       S.run.same = S.run.r ~= nil and S.run.r == P.rh
@@ -329,8 +404,18 @@ if OP == 'result' then
   if not changed and t.epoch == S.epoch then t.same = t.same + 1 else t.same = 1 end
   if changed then S.epoch = (S.epoch or 0) + 1 end
   t.res, t.epoch = P.rh, S.epoch
-  if P.ok then t.fail = 0 else t.fail = t.fail + 1 end
+  local prog = S.prog or 0
+  if P.ok then
+    t.fail = 0
+    -- a call that succeeded is progress for every failing tool
+    if call and not P.poll then S.prog = prog + 1 end
+  else
+    local again = t.fail > 0 and t.fash == t.lash and t.frsh == P.rsh and t.fprog == prog
+    if again then t.fail = t.fail + 1 else t.fail = 1 end
+    t.fash, t.frsh, t.fprog, t.frh = t.lash, P.rsh, prog, P.rh
+  end
   check_failures(name, t)
+  if call and not P.ok then check_repeated_failure(name, identical_failures(call.s, P.rh)) end
   if P.sub then
     local sa = S.sub[name] or {n = 0}
     if sa.toks then
@@ -343,7 +428,10 @@ if OP == 'result' then
       finding('block', 'subagent_repeated_response', {tool = name, similarity = sa.echo})
     end
   end
-  if t.same >= L.same_result_warn then
+  if P.poll then
+    if changed or not t.pn then t.pn, t.psince = 1, NOW else t.pn = t.pn + 1 end
+    check_poll(name, t)
+  elseif t.same >= L.same_result_warn then
     finding('warn', 'no_progress', {tool = name, same_results = t.same})
   end
   check_budget()
