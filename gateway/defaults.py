@@ -17,6 +17,10 @@ PAIR_COOLDOWN_SECONDS = 60.0
 # rate_cap:
 MAX_REPLIES = 6
 RATE_WINDOW_SECONDS = 120.0
+# machine_pace: a person answering this bot within this many seconds of its
+# reply to them, this many times in a row, is answering at machine pace
+PACE_SECONDS = 2.0
+PACE_EXCHANGES = 10
 # reply_decision and the backends: recent messages given as context
 CONTEXT_MESSAGES = 8
 # store:

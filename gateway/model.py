@@ -12,7 +12,7 @@ from typing import Any
 
 
 class Reason(StrEnum):
-    """Why a message was not answered (docs/architecture.mda contract)."""
+    """Why a message was not answered (docs/architecture.md: a contract)."""
 
     OWN_MESSAGE = "own_message"
     BOT_IGNORED = "bot_ignored"
@@ -29,6 +29,7 @@ class Reason(StrEnum):
     BACKEND_EMPTY = "backend_empty"
     BACKEND_ERROR = "backend_error"
     DUPLICATE = "duplicate"
+    MACHINE_PACE = "machine_pace"
 
 
 class Action(StrEnum):

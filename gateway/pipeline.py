@@ -76,6 +76,8 @@ def limits_for(bot: BotConfig, kind: ChatKind) -> Limits:
         pair_max_events=bot.pairs.max_events,
         pair_window_ms=round(bot.pairs.window_seconds * 1000),
         pair_cooldown_ms=round(bot.pairs.cooldown_seconds * 1000),
+        pace_ms=round(bot.machine_pace.within_seconds * 1000),
+        pace_max=bot.machine_pace.max_exchanges,
     )
 
 
@@ -92,6 +94,7 @@ class _Setup:
     backend: Backend | None
     classifier: Classifier | None
     trusted: frozenset[str]
+    known_bots: frozenset[str]  # authors treated as bots whatever the platform says
     context: int  # recent messages the classifier and the backend look at
     limits: dict[ChatKind, Limits]
     hold_ms: int  # how long an answer being written holds its turn
@@ -115,6 +118,7 @@ def _setup(bot: BotConfig, backend: Backend | None, classifier: Classifier | Non
         backend=backend,
         classifier=classifier,
         trusted=frozenset(bot.trusted_bots),
+        known_bots=frozenset(bot.known_bots),
         context=context_for(bot),
         limits={kind: limits_for(bot, kind) for kind in ChatKind},
         hold_ms=round(seconds * 1000),
@@ -212,6 +216,8 @@ class Gateway:
         mine = self._echoes.counted(msg.chat.key, msg.id) if msg.author.id == self.bot_id else None
         if mine is not None:
             return self._own(msg, mine, started)
+        if s.known_bots and not msg.author.is_bot and msg.author.id in s.known_bots:
+            msg = replace(msg, author=replace(msg.author, is_bot=True))
         count = count_kind(msg, self.bot_id)
         local = local_reason(
             msg,
@@ -328,6 +334,7 @@ class Gateway:
                     log=decision.log_entry() if first else None,
                     now_ms=self.now_ms(),
                     answered=answered,
+                    answered_author=decision.author if answered else "",
                 )
             )
             answer(counted)

@@ -860,7 +860,7 @@ def test_no_secret_is_compared_with_equality_operators() -> None:
     assert found == []
     uses = {p.relative_to(ROOT).as_posix() for p in [*ROOT.glob("gateway/**/*.py"),
             *ROOT.glob("adapters/**/*.py")] if "hmac.compare_digest(" in p.read_text()}  # fmt: skip
-    assert uses == {"gateway/http.py", "adapters/telegram.py"}
+    assert uses == {"gateway/api/admin.py", "adapters/telegram.py"}
 
 
 # -- 4. the HTTP server binds 127.0.0.1 unless told otherwise ---------------------------

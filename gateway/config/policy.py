@@ -96,6 +96,17 @@ class ReplyDecisionPolicy(Model):
         return value
 
 
+class MachinePacePolicy(Model):
+    """The backstop for bots no platform marks as bots (an auto-responder, a
+    bridged bot, a user-bot): a "person" whose message comes within
+    `within_seconds` of this bot's reply to them, more than `max_exchanges`
+    times in a row, is not answered (`machine_pace`) until they write at a
+    human pace again. 0 seconds turns it off (docs/architecture.md)."""
+
+    within_seconds: Float = Field(default=defaults.PACE_SECONDS, ge=0, le=3600)
+    max_exchanges: Int = Field(default=defaults.PACE_EXCHANGES, ge=1, le=MAX_COUNT)
+
+
 BotMessages: TypeAlias = Literal["off", "mentions", "all"]
 
 
@@ -106,6 +117,9 @@ class Policy(Model):
     pairs: PairsPolicy = PairsPolicy()
     bot_messages: BotMessages = "off"
     trusted_bots: Ids = ()
+    # ids treated as bots on every platform, whatever the platform says
+    known_bots: Ids = ()
+    machine_pace: MachinePacePolicy = MachinePacePolicy()
     respond_to: Literal["mentions", "all"] = "mentions"
     rate_cap: RateCapPolicy = RateCapPolicy()
     reply_decision: ReplyDecisionPolicy = ReplyDecisionPolicy()

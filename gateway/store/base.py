@@ -47,6 +47,8 @@ class Limits:
     pair_max_events: int = defaults.PAIR_MAX_EVENTS
     pair_window_ms: int = round(defaults.PAIR_WINDOW_SECONDS * 1000)
     pair_cooldown_ms: int = round(defaults.PAIR_COOLDOWN_SECONDS * 1000)
+    pace_ms: int = round(defaults.PACE_SECONDS * 1000)  # 0: no machine-pace backstop
+    pace_max: int = defaults.PACE_EXCHANGES
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +163,7 @@ class SentRequest:
     log: dict[str, Any] | None = None  # decision entry of the message it answered
     now_ms: int | None = None
     answered: str = ""  # the message it answers, whose turn hold it fills ("" none)
+    answered_author: str = ""  # who wrote it: the machine-pace backstop times their answer
 
 
 @dataclass(slots=True)
@@ -205,6 +208,17 @@ class ChatStatus:
 def pair_name(a: str, b: str) -> str:
     x, y = sorted((a, b))
     return f"{x}|{y}"
+
+
+def pace_name(bot: str, author: str) -> str:
+    """The machine-pace fields of one (bot, person): the bot's handled mark
+    (its name with '|' and '%' escaped, then '|'), then the person's id."""
+    return mark(bot) + author
+
+
+def mark(bot: str) -> str:
+    """A bot's mark, as common.lua's MARK: '|' and '%' escaped, then '|'."""
+    return bot.replace("%", "%25").replace("|", "%7C") + "|"
 
 
 def hold_name(bot: str, message_id: str = "") -> str:

@@ -39,6 +39,7 @@ from gateway.store.base import (
     SentRequest,
     SentResult,
     hold_name,
+    pace_name,
     pair_name,
 )
 from gateway.turns import Count, verdict
@@ -82,6 +83,9 @@ class _Chat:
     cooldowns: dict[str, int] = field(default_factory=dict)
     rate: dict[str, dict[str, int]] = field(default_factory=dict)
     holds: dict[str, int] = field(default_factory=dict)  # hold_name -> when it lapses
+    # machine pace, per (bot, person): "s:" when the bot last answered them,
+    # "f:" their answers in a row that came faster than limits.pace_ms
+    pace: dict[str, int] = field(default_factory=dict)
     # Lists, oldest first: a deque costs 600 bytes before its first entry.
     context: list[ContextEntry] = field(default_factory=list)
     log: list[_LogEntry] = field(default_factory=list)
@@ -331,6 +335,15 @@ class MemoryStore:
             return result(Action.DROP, local, turn, soft, hard)
         if chat.paused:
             return result(Action.DROP, Reason.PAUSED, turn, soft, hard)
+        if not req.author_is_bot and rec[0] == "r" and limits.pace_ms > 0:
+            who = pace_name(req.bot, obs.author)
+            last = chat.pace.get("s:" + who)
+            if last is not None and now - last < limits.pace_ms:
+                fast = chat.pace["f:" + who] = chat.pace.get("f:" + who, 0) + 1
+                if fast > limits.pace_max:
+                    return result(Action.DROP, Reason.MACHINE_PACE, turn, soft, hard)
+            else:
+                chat.pace.pop("f:" + who, None)
         if rec[0] == "b" and turn is not Turn.OK:
             return result(Action.DROP, TURN_REASONS[turn], turn, soft, hard)
         if rec[0] == "b" and seen is not None:  # counted earlier: where is the chat now?
@@ -374,6 +387,8 @@ class MemoryStore:
         limits = chat.overrides.apply(req.limits)
         answered = hold_name(req.bot, req.answered) if req.answered else None
         rec = self._count(chat, req.msg, limits, now, None, answered)
+        if answered and req.answered_author and limits.pace_ms > 0:
+            chat.pace["s:" + pace_name(req.bot, req.answered_author)] = now
         if req.log is not None:
             _log(chat, req.log)
         return SentResult(self._turn(rec, limits), rec[1], rec[2])
@@ -416,6 +431,7 @@ class MemoryStore:
             state.epoch += 1
         state.windows.clear()
         state.cooldowns.clear()
+        state.pace.clear()
 
     async def set_paused(self, chat: str, paused: bool) -> None:
         now = self._now(None)

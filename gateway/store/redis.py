@@ -71,7 +71,7 @@ local t = redis.call('TIME')
 return {t[1], t[2]}"""
 
 # The policy argument of admit.lua and sent.lua (common.lua unpacks it).
-POLICY = struct.Struct("<13d")
+POLICY = struct.Struct("<15d")
 
 
 _LOG_KEYS = frozenset(LOG_FIELDS)
@@ -128,7 +128,7 @@ def _tag(chat: str) -> str:
 class ChatKeys:
     """Every Redis key of one chat; the `{…}` hash tag keeps them on one slot."""
 
-    __slots__ = ("base", "cfg", "ctx", "holds", "idq", "ids", "log", "pairs", "state")
+    __slots__ = ("base", "cfg", "ctx", "holds", "idq", "ids", "log", "pace", "pairs", "state")
 
     def __init__(self, prefix: str, chat: str) -> None:
         self.base = f"{prefix}:{{{_tag(chat)}}}"
@@ -140,6 +140,7 @@ class ChatKeys:
         self.ctx = f"{self.base}:ctx"
         self.log = f"{self.base}:log"
         self.holds = f"{self.base}:ho"
+        self.pace = f"{self.base}:pc"
 
     def rate(self, bot: str) -> str:
         return f"{self.base}:r:{bot}"
@@ -147,7 +148,7 @@ class ChatKeys:
     def common(self, bot: str) -> list[str]:
         """KEYS of admit.lua and sent.lua for `bot`."""
         return [self.state, self.cfg, self.ids, self.idq, self.pairs, self.ctx, self.log,
-                self.rate(bot), self.holds]  # fmt: skip
+                self.rate(bot), self.holds, self.pace]  # fmt: skip
 
 
 class failing:  # lower case: read as `with failing("admit"):`
@@ -313,7 +314,7 @@ class RedisStore:
 
     def _policy(self, lim: Limits) -> bytes:
         """The constant part of a script call as one argument, built once per
-        Limits: 13 little-endian doubles, which Lua's struct.unpack reads in
+        Limits: 15 little-endian doubles, which Lua's struct.unpack reads in
         C rather than parsing text in Lua (bench/README.md)."""
         packed = self._packed.get(lim)
         if packed is None:
@@ -322,7 +323,7 @@ class RedisStore:
                 1 if lim.rate_applies else 0,
                 lim.pair_max_events, lim.pair_window_ms, lim.pair_cooldown_ms,
                 self._state_ttl, self._settings_ttl, self._context_size, self._dedupe,
-                DECISION_LOG_SIZE,
+                DECISION_LOG_SIZE, lim.pace_ms, lim.pace_max,
             )  # fmt: skip
             if len(self._packed) > 1024:  # limits come from config: a handful at most
                 self._packed.clear()
@@ -386,6 +387,7 @@ class RedisStore:
         args = self._args(req, req.msg.count, req.bot)
         args.append("" if req.log is None else pack_log(req.log))
         args.append(hold_name(req.bot, req.answered) if req.answered else "")
+        args.append(req.answered_author if req.answered else "")
         with failing("record_sent"):
             turn, soft, hard = await self._run(self._sent, keys.common(req.bot), args)
         return SentResult(_TURNS[turn], int(soft), int(hard))
@@ -438,7 +440,7 @@ class RedisStore:
     async def reset(self, chat: str) -> None:
         keys = self.keys(chat)
         with failing("reset"):
-            await self._reset(keys=[keys.state, keys.pairs], args=[])
+            await self._reset(keys=[keys.state, keys.pairs, keys.pace], args=[])
 
     async def set_paused(self, chat: str, paused: bool) -> None:
         keys = self.keys(chat)

@@ -93,6 +93,9 @@ LIMITS = st.builds(
     pair_max_events=st.integers(1, 3),
     pair_window_ms=st.sampled_from(WINDOWS),
     pair_cooldown_ms=st.sampled_from(WINDOWS),
+    # the machine-pace backstop: off, or a window people answer inside
+    pace_ms=st.sampled_from([0, *WINDOWS]),
+    pace_max=st.integers(1, 3),
 )
 OVERRIDES = st.builds(
     Overrides,
@@ -296,7 +299,9 @@ class Agreement(RuleBasedStateMachine):
             ends.add(now + view.hold_ms)
         self.note_cooldowns(msg.chat)
 
-    def sent(self, msg: Msg, bot: str, replica: int, answered: str, log: str | None) -> None:
+    def sent(
+        self, msg: Msg, bot: str, replica: int, answered: str, log: str | None, author: str = ""
+    ) -> None:
         limits, now = self.limits_for(bot, msg.chat), self.now
         self.times.add(now)
         entry: dict[str, Any] | None = None
@@ -314,6 +319,7 @@ class Agreement(RuleBasedStateMachine):
                     log=entry,
                     now_ms=now,
                     answered=answered,
+                    answered_author=author,
                 )
             )
 
@@ -415,6 +421,31 @@ class Agreement(RuleBasedStateMachine):
         assert msg is not None
         return msg
 
+    @rule(
+        target=messages,
+        chat=BUSY,
+        bot=TALKERS,
+        person=st.sampled_from(PEOPLE),
+        rounds=st.integers(1, 5),
+        gap=st.sampled_from([0, 1, 500, 9_999, 10_000, 10_001, 20_000]),
+        replica=st.integers(0, REPLICAS - 1),
+    )
+    def person_answers_back(
+        self, chat: str, bot: str, person: str, rounds: int, gap: int, replica: int
+    ) -> Msg:
+        """A "person" and a bot in a quick back-and-forth: the person writes,
+        the bot answers, the person answers back `gap` ms later, `rounds`
+        times: the machine-pace backstop's counter, and its window's edge."""
+        msg = None
+        for _ in range(rounds):
+            msg = Msg(chat, self.fresh_id(chat), person, Count.RESET, person, "again?")
+            self.admit(msg, View(bot, replica, None, False, 0, 0, 0))
+            reply = Msg(chat, self.fresh_id(chat), bot, Count.BOT, bot, "sure")
+            self.sent(reply, bot, replica, msg.id, None, person)
+            self.now += gap
+        assert msg is not None
+        return msg
+
     @precondition(lambda self: any(t > self.now for e in self.own_deadlines.values() for t in e))
     @rule(
         target=messages,
@@ -487,7 +518,9 @@ class Agreement(RuleBasedStateMachine):
         self.now += tick
         count = Count.NONE if aside else Count.BOT
         msg = Msg(answered.chat, self.fresh_id(answered.chat), bot, count, bot, text)
-        self.sent(msg, bot, replica, answered.id if fills and not aside else "", log)
+        fill = fills and not aside
+        self.sent(msg, bot, replica, answered.id if fill else "", log,
+                  answered.author if fill else "")  # fmt: skip
         return msg
 
     @rule(

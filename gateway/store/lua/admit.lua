@@ -53,6 +53,18 @@ if not PAUSED and (turn == 'soft_limit' or turn == 'hard_limit') then
 end
 if LOCAL ~= '' then return finish('drop', LOCAL, turn, soft, hard, '', 0) end
 if PAUSED then return finish('drop', 'paused', turn, soft, hard, '', 0) end
+-- machine pace: a "person" answering this bot's reply to them faster than
+-- L.pace, more than L.pace_max times in a row (an unflagged bot)
+if not AUTHOR_IS_BOT and kind == 'r' and L.pace > 0 then
+  local last = redis.call('HGET', K_PACE, 's:' .. MARK .. AUTHOR)
+  if last and now - tonumber(last) < L.pace then
+    local fast = redis.call('HINCRBY', K_PACE, 'f:' .. MARK .. AUTHOR, 1)
+    redis.call('PEXPIRE', K_PACE, int(L.pace + 1000))
+    if fast > L.pace_max then return finish('drop', 'machine_pace', turn, soft, hard, '', 0) end
+  else
+    redis.call('HDEL', K_PACE, 'f:' .. MARK .. AUTHOR)
+  end
+end
 if kind == 'b' and turn ~= 'ok' then
   return finish('drop', TURN_REASON[turn], turn, soft, hard, '', 0)
 end

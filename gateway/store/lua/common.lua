@@ -1,13 +1,13 @@
 -- Shared by admit.lua and sent.lua (the store prepends this file to each).
 -- KEYS: 1 state  2 settings  3 ids  4 id order  5 pairs  6 context  7 log  8 rate(bot)
---       9 turn holds
+--       9 turn holds  10 machine pace (per bot and person: "s:" last answer, "f:" fast answers back)
 -- ARGV: 1 now_ms ("" = server TIME)  2 message id  3 author  4 author name
 --       5 count kind (b|r|n)  6 text  7 this bot
---       8 the policy, 13 little-endian doubles (constant per bot and chat kind, so
---         the client sends one argument instead of thirteen, read in C): soft_limit
+--       8 the policy, 15 little-endian doubles (constant per bot and chat kind, so
+--         the client sends one argument instead of fifteen, read in C): soft_limit
 --         hard_limit max_replies rate_window_ms rate_applies(1|0) pair_max_events
 --         pair_window_ms pair_cooldown_ms state_ttl_ms settings_ttl_ms context_size
---         dedupe_entries log_size
+--         dedupe_entries log_size pace_ms pace_max
 --       9 the prefix of the author's turn holds (base.hold_name)
 --      10 deadline: the server time (ms) after which the caller has given up on
 --         this call ("" none). A call Redis reaches later - it was frozen, or
@@ -16,8 +16,8 @@
 --         message without Redis, and a reservation or warning claim made now
 --         would outlive that decision.
 -- Times are integer milliseconds, as in the memory store.
-local K_STATE, K_CFG, K_IDS, K_IDQ, K_PAIRS, K_CTX, K_LOG, K_RATE, K_HOLDS =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local K_STATE, K_CFG, K_IDS, K_IDQ, K_PAIRS, K_CTX, K_LOG, K_RATE, K_HOLDS, K_PACE =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 
 local function server_ms()
   local t = redis.call('TIME')
@@ -39,7 +39,7 @@ local function int(n) return string.format('%d', n) end
 local NOW = int(now)
 local MSG_ID, AUTHOR, NAME, KIND, TEXT, BOT = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local AUTHOR_HOLDS = ARGV[9]
-local P = {struct.unpack('<ddddddddddddd', ARGV[8])}
+local P = {struct.unpack('<ddddddddddddddd', ARGV[8])}
 local STATE_TTL, SETTINGS_TTL = P[9], P[10]
 local CTX_SIZE, DEDUPE, LOG_SIZE = P[11], P[12], P[13]
 local TTL = int(STATE_TTL)
@@ -57,6 +57,8 @@ local L = {
   pair_max = P[6],
   pair_window = P[7],
   pair_cooldown = P[8],
+  pace = P[14],
+  pace_max = P[15],
 }
 if cfg[1] or cfg[2] or cfg[3] or cfg[4] or cfg[5] then
   redis.call('PEXPIRE', K_CFG, int(SETTINGS_TTL))

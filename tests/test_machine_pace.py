@@ -1,0 +1,143 @@
+"""Loops with bots nobody marked as bots: `known_bots`, and the machine-pace
+backstop (docs/architecture.md) - on memory and on Redis, with one clock.
+
+An auto-responder that posts as a person resets the turn counters with every
+message, and in a DM the rate cap does not apply by default: without the
+backstop, a bot and an unflagged auto-responder would answer each other for
+ever. A person answering at human speed is never stopped."""
+
+from __future__ import annotations
+
+import random
+
+from gateway.backends import EchoBackend
+from gateway.model import Action, Author, ChatKind, ChatRef, Message, Reason
+from gateway.pipeline import Gateway
+from gateway.store import Store
+from tests.test_pipeline import bot_config
+
+DM = ChatRef(platform="http", id="dm-auto", kind=ChatKind.DM)
+GROUP = ChatRef(platform="http", id="group-auto")
+DEFAULT_EXCHANGES = 10  # machine_pace.max_exchanges
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def person(author: str, text: str, mid: str, chat: ChatRef) -> Message:
+    mentions = ("helper",) if chat.kind is ChatKind.GROUP else ()
+    return Message(id=mid, chat=chat, author=Author(author, author), text=text,
+                   mentions=mentions)  # fmt: skip
+
+
+async def converse(
+    gw: Gateway,
+    clock: Clock,
+    chat: ChatRef,
+    author: str,
+    gaps: list[float],
+    think: float = 0.8,
+    responder: bool = False,
+) -> list[tuple[Action, Reason | None]]:
+    """`author` writes, the bot answers `think` seconds later, `author` answers
+    back `gaps[i]` seconds after that; the decisions, in order. A `responder`
+    (an auto-responder) only ever answers the bot: unanswered, it falls silent."""
+    out = []
+    for i, gap in enumerate(gaps):
+        d = await gw.handle(person(author, f"and then? {i}", f"{chat.id}-{author}-{i}", chat))
+        out.append((d.action, d.reason))
+        clock.now += think
+        if d.action is Action.REPLY:
+            await gw.sent(d, f"{chat.id}-reply-{i}", d.replies[0])
+        elif responder:
+            break
+        clock.now += gap
+    return out
+
+
+async def test_an_unflagged_auto_responder_in_a_dm_is_stopped(store: Store) -> None:
+    clock = Clock()
+    gw = Gateway(bot_config(), store, EchoBackend(), clock=clock)
+    got = await converse(gw, clock, DM, "autobot", [0.2] * 40, responder=True)
+    # its first message, then max_exchanges fast answers back, are answered;
+    # the next is not, and the loop is over
+    replies = DEFAULT_EXCHANGES + 1
+    assert got == [(Action.REPLY, None)] * replies + [(Action.DROP, Reason.MACHINE_PACE)]
+    entry = (await store.decisions(DM.key, 1))[0]
+    assert entry["reason"] == "machine_pace"
+
+
+async def test_an_unflagged_auto_responder_in_a_group_is_stopped(store: Store) -> None:
+    clock = Clock()
+    gw = Gateway(bot_config(), store, EchoBackend(), clock=clock)
+    got = await converse(gw, clock, GROUP, "autobot", [0.0] * 20, responder=True)
+    replies = [a for a, _ in got].index(Action.DROP)
+    # the rate cap (6 in 120 s) may stop it first in a group; either way, soon
+    assert replies <= DEFAULT_EXCHANGES + 1
+    lifted = Gateway(bot_config("helper", rate_cap="{scope: groups, max_replies: 1000}"),
+                     store, EchoBackend(), clock=clock)  # fmt: skip
+    other = ChatRef(platform="http", id="group-auto-2")
+    got = await converse(lifted, clock, other, "autobot", [0.0] * 20, responder=True)
+    assert got[-1] == (Action.DROP, Reason.MACHINE_PACE) and len(got) == DEFAULT_EXCHANGES + 2
+
+
+async def test_a_person_answering_every_5_to_20_seconds_is_never_stopped(store: Store) -> None:
+    clock = Clock()
+    gw = Gateway(bot_config(), store, EchoBackend(), clock=clock)
+    rng = random.Random(20)
+    got = await converse(gw, clock, DM, "alice", [rng.uniform(5, 20) for _ in range(200)])
+    assert got == [(Action.REPLY, None)] * 200
+
+
+async def test_a_person_who_answers_quickly_now_and_then_is_never_stopped(store: Store) -> None:
+    """A quick 'ok' after a reply is human too: only a run of them stops."""
+    clock = Clock()
+    gw = Gateway(bot_config(), store, EchoBackend(), clock=clock)
+    gaps = [0.5 if i % 3 else 8.0 for i in range(120)]  # two quick answers, then a slow one
+    got = await converse(gw, clock, DM, "bob", gaps)
+    assert got == [(Action.REPLY, None)] * 120
+
+
+async def test_writing_at_a_human_pace_again_lifts_the_stop(store: Store) -> None:
+    clock = Clock()
+    gw = Gateway(bot_config(machine_pace="{max_exchanges: 2}"), store, EchoBackend(), clock=clock)
+    got = await converse(gw, clock, DM, "autobot", [0.1, 0.1, 0.1, 30.0, 0.1])
+    assert [r for _, r in got] == [None, None, None, Reason.MACHINE_PACE, None]
+
+
+async def test_zero_seconds_turns_the_backstop_off(store: Store) -> None:
+    clock = Clock()
+    gw = Gateway(bot_config(machine_pace="{within_seconds: 0}"), store, EchoBackend(),
+                 clock=clock)  # fmt: skip
+    got = await converse(gw, clock, DM, "autobot", [0.1] * 30)
+    assert got == [(Action.REPLY, None)] * 30
+
+
+async def test_an_admin_reset_clears_the_pace(store: Store) -> None:
+    clock = Clock()
+    gw = Gateway(bot_config(machine_pace="{max_exchanges: 1}"), store, EchoBackend(), clock=clock)
+    got = await converse(gw, clock, DM, "autobot", [0.1, 0.1, 0.1])
+    assert got[-1] == (Action.DROP, Reason.MACHINE_PACE)
+    await store.reset(DM.key)
+    d = await gw.handle(person("autobot", "hello again", "after-reset", DM))
+    assert (d.action, d.reason) == (Action.REPLY, None)
+
+
+async def test_known_bots_are_bots_whatever_the_platform_says(store: Store) -> None:
+    clock = Clock()
+    gw = Gateway(bot_config(known_bots="[autobot]"), store, EchoBackend(), clock=clock)
+    d = await gw.handle(person("autobot", "hi", "k1", GROUP))
+    # bot_messages is off by default: a known bot is ignored, and counted as a bot turn
+    assert (d.action, d.reason) == (Action.DROP, Reason.BOT_IGNORED)
+    assert (await store.status(GROUP.key, "helper", gw.limits(ChatKind.GROUP))).soft == 1
+    answered = Gateway(bot_config("helper", known_bots="[autobot]", bot_messages="all"),
+                       store, EchoBackend(), clock=clock)  # fmt: skip
+    dm = ChatRef(platform="http", id="dm-known", kind=ChatKind.DM)
+    got = await converse(answered, clock, dm, "autobot", [0.1] * 30)
+    # a bot now: the turn limit (soft 20) stops the loop, as for any bot
+    assert got[20][1] is not None and got[20][0] is not Action.REPLY
