@@ -1,6 +1,6 @@
 """Telegram end to end: messages/s and message-to-reply latency of the plainest
 python-telegram-bot echo bot (a) against botbouncer in front of the same echo
-(b), both on the fake Bot API of tests/fakes/telegram.py, in one invocation.
+(b), both on the fake Bot API of tests/fakes/telegram/, in one invocation.
 
 The contestants, each its own process, started once and kept for all its
 runs (start-up is not measured):

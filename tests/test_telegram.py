@@ -1,5 +1,5 @@
 """The Telegram adapter end to end: the real python-telegram-bot Application,
-inside the real daemon, against the fake Bot API of tests/fakes/telegram.py,
+inside the real daemon, against the fake Bot API of tests/fakes/telegram/,
 on Redis.
 
 The daemon reaches the fake only through `api_base`. Decisions are awaited
