@@ -280,7 +280,11 @@ def http_bot(name: str) -> dict[str, Any]:
     return {"name": name, "platform": "http", "backend": {"type": "echo"},
             "bot_messages": "all", "respond_to": "all",
             "turns": {"soft_limit": SOFT, "hard_limit": 2 * SOFT},
-            "rate_cap": {"max_replies": 1000}}  # fmt: skip
+            "rate_cap": {"max_replies": 1000},
+            # the traffic's "people" write the moment they are answered: a
+            # machine's pace, which the backstop would stop; these tests are
+            # about outages, so it is off
+            "machine_pace": {"within_seconds": 0}}  # fmt: skip
 
 
 class Traffic:
