@@ -1,5 +1,5 @@
 """The Discord adapter end to end: the real discord.py client, inside the real
-daemon, against the fake Discord of tests/fakes/discord.py, on Redis.
+daemon, against the fake Discord of tests/fakes/discord/, on Redis.
 
 The daemon reaches the fake only through `api_base` (and GET /gateway/bot).
 Decisions are awaited through the decision log lines the pipeline writes, the
