@@ -2,7 +2,7 @@
 botbouncer (b), the real daemon in front of the echo backend on Redis.
 
 What runs:
-- The fake Discord of tests/fakes/discord.py (REST + gateway), in this
+- The fake Discord of tests/fakes/discord/ (REST + gateway), in this
   process, one instance per contestant so neither sees the other's traffic.
   Each has one bot user, one guild with CHANNELS text channels and HUMANS
   human members.
@@ -315,6 +315,9 @@ def daemon_config(workdir: Path, redis_url: str, api_base: str, port: int) -> Pa
                 "backend": {"type": "echo"},
                 "respond_to": "mentions",
                 "rate_cap": {"max_replies": 1_000_000},
+                # The simulated people answer at machine pace by design; the
+                # machine-pace backstop would rightly stop them.
+                "machine_pace": {"within_seconds": 0},
             }
         ],
     }

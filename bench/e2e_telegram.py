@@ -204,6 +204,9 @@ def daemon_config(redis_url: str, port: int, api_base: str, token: str) -> str:
         "respond_to": "mentions",
         "rate_cap": {"max_replies": MAX_REPLIES},
         "telegram": {"rate_limit": {"overall_per_second": 0, "group_per_minute": 0}},
+        # The simulated people answer at machine pace by design; the
+        # machine-pace backstop would rightly stop them.
+        "machine_pace": {"within_seconds": 0},
     }
     config = {
         "store": {"url": redis_url},
