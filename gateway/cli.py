@@ -36,7 +36,7 @@ def _check_config(args: argparse.Namespace) -> int:
     importable(args.config)
     problems = []
     for i, bot in enumerate(config.bots):
-        if bot.backend.type == "python":
+        if bot.backend is not None and bot.backend.type == "python":
             try:
                 load_callable(bot.backend.callable)
             except PythonBackendError as exc:

@@ -26,6 +26,7 @@ from gateway.backends import Backend, make_backend
 from gateway.backends.python import PythonBackendError
 from gateway.classifier import Classifier
 from gateway.config import BotConfig, Config, ConfigError, Policy, load_config, mask_password
+from gateway.decide import Decider
 from gateway.errors import StartupError
 from gateway.guard.engine import engine_for
 from gateway.guard.service import Guard
@@ -77,7 +78,7 @@ def build_parts(
 ) -> tuple[Backend | None, Classifier | None]:
     """A bot's guarded backend (none when dry_run) and its classifier (when enabled)."""
     backend = None
-    if not dry_run:
+    if not dry_run and bot.backend is not None:
         try:
             backend = make_backend(bot.backend, bot.name, outbound)
         except PythonBackendError as exc:
@@ -112,7 +113,12 @@ def context_size(config: Config) -> int:
 
 # Bot keys a reload can apply; the rest (platform, token, api_base, ...) shape a
 # connection made at start and need a restart.
-_RELOADABLE_BOT_KEYS = frozenset(Policy.model_fields) | {"name", "backend", "admins"}
+_RELOADABLE_BOT_KEYS = frozenset(Policy.model_fields) | {
+    "name",
+    "backend",
+    "admins",
+    "ticket_seconds",
+}
 
 
 def restart_needed(running: Config, new: Config) -> list[str]:
@@ -171,7 +177,10 @@ class Daemon:
             self.server.admins[name] = Admin(gateway, [p for p in peers if p is not gateway])
         for bot in config.bots:
             gateway = self.gateways[bot.name]
-            self.adapters.append(find_adapter(bot.platform)(bot, gateway, self.server))
+            if bot.mode == "decide":  # the bot connects itself; it asks over HTTP
+                self.server.deciders[bot.name] = Decider(gateway)
+            else:
+                self.adapters.append(find_adapter(bot.platform)(bot, gateway, self.server))
         self._runner: web.AppRunner | None = None
         self.stopping = asyncio.Event()
 

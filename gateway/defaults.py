@@ -23,6 +23,8 @@ PACE_SECONDS = 2.0
 PACE_EXCHANGES = 10
 # reply_decision and the backends: recent messages given as context
 CONTEXT_MESSAGES = 8
+# decide mode: how long a ticket holds its reply's turn and rate slot (seconds)
+TICKET_SECONDS = 120.0
 # store:
 STATE_TTL_SECONDS = 7 * 86400
 SETTINGS_TTL_SECONDS = 90 * 86400

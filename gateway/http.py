@@ -1,6 +1,6 @@
 """The daemon's aiohttp server (docs/http-api.md): health, metrics and the
-OpenAPI document here, and the route tables of gateway/api/ (ingress, admin,
-guard) mounted beside them.
+OpenAPI document here, and the route tables of gateway/api/ (ingress, decide,
+admin, guard) mounted beside them.
 
 The server owns the body limit and the error shapes: every error is JSON with
 a message (each error class says its own status, gateway/errors.py), and bad
@@ -26,8 +26,10 @@ from gateway.api.common import (
     json_body,
     reply,
 )
+from gateway.api.decide import DecideRoutes
 from gateway.api.guard import GuardRoutes
 from gateway.api.ingress import IngressRoutes
+from gateway.decide import Decider
 from gateway.errors import BotbouncerError
 from gateway.guard.service import Guard
 from gateway.health import Health
@@ -51,6 +53,7 @@ class HttpServer:
         self.metrics = metrics if metrics is not None else Metrics()
         self._ingress = IngressRoutes()
         self._admin = AdminRoutes(admin_token)
+        self._decide = DecideRoutes()
         self.health = Health(store)
         self.stopping = False  # set by the daemon's stop: a cancelled request is then a 503
         self.app = web.Application(client_max_size=MAX_BODY, middlewares=[self._errors])
@@ -59,6 +62,7 @@ class HttpServer:
         r.add_get("/metrics", self._metrics)
         r.add_get("/openapi.json", self._openapi)
         self.app.add_routes(self._ingress.routes())
+        self.app.add_routes(self._decide.routes())
         self.app.add_routes(self._admin.routes())
         if guard is not None:
             self.app.add_routes(GuardRoutes(guard, self.metrics).routes())
@@ -70,6 +74,11 @@ class HttpServer:
     @property
     def webhooks(self) -> dict[str, WebhookHandler]:
         return self._ingress.webhooks
+
+    @property
+    def deciders(self) -> dict[str, Decider]:
+        """Decide-mode bots by name (the daemon fills it)."""
+        return self._decide.deciders
 
     @property
     def admins(self) -> dict[str, Admin]:

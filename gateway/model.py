@@ -155,6 +155,8 @@ class Decision:
     warning: str | None = None
     replies: tuple[str, ...] = ()
     at: float = 0.0
+    # decide mode: what the bot reports back with (gateway/decide.py)
+    ticket: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -19,6 +19,7 @@ import sys
 from typing import Any
 
 from gateway.admin import JSON_LIMIT_KEYS
+from gateway.decide import MAX_IDS
 from gateway.guard.openapi import OPENAPI as GUARD_OPENAPI
 from gateway.model import Action, Reason, Turn
 from gateway.store.base import DECISION_LOG_SIZE
@@ -77,6 +78,9 @@ DECISION: dict[str, Any] = {
         "warning": {**_NULLABLE_STRING, "description": "The limit warning posted (action warn)."},
         "warning_id": {"type": "string",
                        "description": "The id the warning was counted under as this bot's turn."},
+        "ticket": {"type": "string",
+                   "description": "Decide mode, on reply and warn: report what was sent with it "
+                   "(/sent), or that nothing was (/release)."},
         "reply": {"type": "string", "description": "The (first) text the bot answered."},
         "reply_id": {"type": "string",
                      "description": "The id the reply was counted under as this bot's turn."},
@@ -93,6 +97,76 @@ DECISION: dict[str, Any] = {
     },
     "additionalProperties": False,
 }  # fmt: skip
+
+_TICKET = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 64,
+    "description": "The ticket a decide answer gave.",
+}
+SENT: dict[str, Any] = {
+    "type": "object",
+    "description": "Messages the bot sent for a ticket's reply or warning, each counted as "
+    "its turn once; the first one of a reply fills the turn it held.",
+    "required": ["ticket", "ids"],
+    "properties": {
+        "ticket": _TICKET,
+        "ids": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": MAX_IDS,
+            "items": _ID,
+            "description": "The platform's ids of the sent messages.",
+        },
+        "texts": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "What was sent under each id (optional; for the recent "
+            "context a reply decision reads).",
+        },
+    },
+    "additionalProperties": False,
+}
+SENT_ANSWER: dict[str, Any] = {
+    "type": "object",
+    "required": ["counted"],
+    "properties": {
+        "counted": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["id", "turn", "soft", "hard"],
+                "properties": {
+                    "id": {"type": "string"},
+                    "turn": {"enum": [t.value for t in Turn]},
+                    "soft": {"type": "integer"},
+                    "hard": {"type": "integer"},
+                },
+                "additionalProperties": False,
+            },
+        }
+    },
+    "additionalProperties": False,
+}
+RELEASE: dict[str, Any] = {
+    "type": "object",
+    "required": ["ticket"],
+    "properties": {"ticket": _TICKET},
+    "additionalProperties": False,
+}
+RELEASED: dict[str, Any] = {
+    "type": "object",
+    "required": ["released", "id", "reason"],
+    "properties": {
+        "released": {"const": True},
+        "id": {"type": "string", "description": "The message the ticket was for."},
+        "reason": {
+            "enum": [*(r.value for r in Reason), None],
+            "description": "As filed in the chat's decision log.",
+        },
+    },
+    "additionalProperties": False,
+}
 
 _LIMIT_SCHEMAS: dict[str, dict[str, Any]] = {
     "soft_limit": {"type": ["integer", "null"], "minimum": 1},
@@ -229,6 +303,30 @@ def _admin(op_id: str, summary: str, ok: dict[str, Any], **extra: Any) -> dict[s
     }
 
 
+def _decide_route(
+    op_id: str, summary: str, body: str, ok: dict[str, Any], **errors: str
+) -> dict[str, Any]:
+    return {
+        "operationId": op_id,
+        "summary": summary,
+        "parameters": [{"name": "bot", "in": "path", "required": True,
+                        "schema": {"type": "string"}}],
+        "requestBody": {"required": True,
+                        "content": {"application/json": {"schema": _ref(body)}}},
+        "responses": {
+            "200": ok,
+            **_errors(
+                s400=_BAD_INPUT,
+                s404="no decide-mode bot of that name"
+                + ("" if op_id == "decide" else ", or no such ticket (never issued, lapsed)"),
+                **errors,
+                s413="the body is over 64 KiB",
+                s503=_STORE_DOWN,
+            ),
+        },
+    }  # fmt: skip
+
+
 def _status(text: str) -> dict[str, Any]:
     return _json(text, _ref("ChatStatus"))
 
@@ -283,6 +381,26 @@ def document() -> dict[str, Any]:
                     ),
                 },
             }
+        },
+        "/v1/bots/{bot}/decide": {
+            "post": _decide_route(
+                "decide", "May a decide-mode bot answer this message? (nothing is generated)",
+                "Message", _json("the decision; reply and warn carry a ticket", _ref("Decision")),
+            )
+        },
+        "/v1/bots/{bot}/sent": {
+            "post": _decide_route(
+                "sent", "What a decide-mode bot sent for a ticket",
+                "Sent", _json("each id as counted", _ref("SentAnswer")),
+                s409="the ticket was released: nothing can be sent on it",
+            )
+        },
+        "/v1/bots/{bot}/release": {
+            "post": _decide_route(
+                "release", "A decide-mode bot sent nothing for a ticket: its slot goes back",
+                "Release", _json("released", _ref("Released")),
+                s409="the ticket was sent or released already",
+            )
         },
         "/v1/webhooks/{bot}": {
             "post": {
@@ -361,6 +479,10 @@ def document() -> dict[str, Any]:
     schemas: dict[str, Any] = {
         "Message": MESSAGE,
         "Decision": DECISION,
+        "Sent": SENT,
+        "SentAnswer": SENT_ANSWER,
+        "Release": RELEASE,
+        "Released": RELEASED,
         "Limits": LIMITS,
         "ChatStatus": CHAT_STATUS,
         "LogEntry": LOG_ENTRY,
@@ -372,7 +494,8 @@ def document() -> dict[str, Any]:
         "info": {
             "title": "botbouncer",
             "version": "1",
-            "description": "The HTTP ingress, admin API, agent guard, health and metrics of "
+            "description": "The HTTP ingress, decide API, admin API, agent guard, health and "
+            "metrics of "
             'one botbouncer daemon. Every error is JSON, {"error": "..."}. '
             "Only the admin API takes a token (bearer).",
         },

@@ -110,7 +110,8 @@ def context_for(bot: BotConfig) -> int:
 
 
 def _setup(bot: BotConfig, backend: Backend | None, classifier: Classifier | None) -> _Setup:
-    seconds = deadline(bot.backend) + SEND_SECONDS
+    # a decide bot's own code answers: its ticket says how long that may take
+    seconds = bot.ticket_seconds if bot.mode == "decide" else deadline(bot.backend) + SEND_SECONDS
     if classifier is not None:
         seconds += bot.reply_decision.timeout_seconds
     return _Setup(
@@ -149,7 +150,7 @@ class Gateway:
         metrics: Metrics | None = None,
     ) -> None:
         self.store = store
-        self.bot_id = bot_id or bot.name
+        self.bot_id = bot_id or bot.user_id or bot.name
         self.dry_run = dry_run
         self.clock = clock
         self.inflight = inflight if inflight is not None else InFlight()
@@ -303,6 +304,11 @@ class Gateway:
         if not replies:
             return await self._silent(base, Reason.BACKEND_EMPTY, started)
         return self._logged(base.with_replies(tuple(replies)), started)
+
+    async def withdraw(self, decision: Decision, reason: Reason) -> Decision:
+        """A reply decided earlier will not be sent after all (a decide-mode
+        bot released its ticket): the slot and the hold go back, logged."""
+        return await self._silent(replace(decision, ticket=None), reason, time.perf_counter())
 
     async def _silent(self, base: Decision, reason: Reason, started: float) -> Decision:
         """Nothing will be sent: give the slot back and say why."""

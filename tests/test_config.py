@@ -261,7 +261,7 @@ guard:
 def test_missing_bot_fields_are_required() -> None:
     assert problems("bots: [{platform: http}]") == [
         "bots[0].name: is required",
-        "bots[0].backend: is required",
+        "bots[0].backend: is required (or mode: decide, for a bot that answers by itself)",
     ]
 
 

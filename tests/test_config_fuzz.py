@@ -149,6 +149,10 @@ def shape_of(annotation: Any) -> Shape:
     if _is_model(tp):
         return Shape("model", model=tp)
     origin, args = get_origin(tp), [_strip(a) for a in get_args(tp)]
+    if _is_union(tp) and len(args) == 2 and type(None) in args:  # an optional union of models
+        inner = next(a for a in args if a is not type(None))
+        if _is_union(inner) and all(_is_model(_strip(a)) for a in get_args(inner)):
+            return shape_of(inner)
     if _is_union(tp) and args and all(_is_model(a) for a in args):
         return Shape("union", models=tuple(args))
     if origin in (list, tuple) and args and _is_model(args[0]):

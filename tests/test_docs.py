@@ -432,6 +432,17 @@ def _default(info: Any, parent: Any, name: str) -> str:
     return f"`{json.dumps(value)}`"
 
 
+def _models(annotation: Any) -> list[Any]:
+    """The pydantic models in a (nested) union or Annotated type, in order."""
+    import typing
+
+    from pydantic import BaseModel
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for a in typing.get_args(annotation) for m in _models(a)]
+
+
 def config_rows() -> list[str]:
     """One table row per key: `| key | default | range or choices |`."""
     import typing
@@ -461,8 +472,8 @@ def config_rows() -> list[str]:
                 walk(BotConfig, "bots[].", frozenset(Policy.model_fields) | {"backend"})
                 rows.append("| `bots[].<any key of defaults>` | the `defaults` value | |")
                 kinds = " / ".join(f"`{k}`" for k in BACKEND_TYPES)
-                rows.append(f"| `bots[].backend.type` | required | {kinds} |")
-                for backend in typing.get_args(BotConfig.model_fields["backend"].annotation):
+                rows.append(f"| `bots[].backend.type` | required in mode: proxy | {kinds} |")
+                for backend in _models(BotConfig.model_fields["backend"].annotation):
                     kind = typing.get_args(backend.model_fields["type"].annotation)[0]
                     walk(backend, f"bots[].backend.({kind}).", frozenset({"type"}))
             elif nested:

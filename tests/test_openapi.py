@@ -28,7 +28,9 @@ guard: {profiles: {strict: {identical: {warn_at: 1, block_at: 2}}}}
 bots:
   - {name: alpha, platform: http, backend: {type: echo}, bot_messages: all}
   - {name: beta, platform: http, backend: {type: python, callable: "tests.sample_backends:two"}}
+  - {name: side, platform: http, mode: decide}
 """
+LAST = "<the last ticket answered>"
 
 
 # -- a validator for the subset of JSON Schema the document uses -----------
@@ -231,6 +233,21 @@ CASES: list[tuple[str, str, dict[str, str], Any]] = [
     ("POST", "/v1/bots/nobody/messages", {}, {"chat": "c", "author": "al"}),
     ("POST", "/v1/bots/alpha/messages", {}, {"chat": "c", "author": "al", "text": "x" * 70000}),
     ("POST", "/v1/webhooks/alpha", {}, {}),
+    # decide: a ticket sent, one released, each spent one refused, errors
+    ("POST", "/v1/bots/side/decide", {}, {"chat": "c", "author": "al", "text": "hi",
+                                          "mentions": ["side"]}),
+    ("POST", "/v1/bots/side/sent", {}, {"ticket": LAST, "ids": ["s1"], "texts": ["hello"]}),
+    ("POST", "/v1/bots/side/release", {}, {"ticket": LAST}),
+    ("POST", "/v1/bots/side/decide", {}, {"chat": "c", "author": "al", "kind": "dm"}),
+    ("POST", "/v1/bots/side/release", {}, {"ticket": LAST}),
+    ("POST", "/v1/bots/side/sent", {}, {"ticket": LAST, "ids": ["s2"]}),
+    ("POST", "/v1/bots/side/sent", {}, {"ticket": "nope", "ids": ["s2"]}),
+    ("POST", "/v1/bots/side/release", {}, {}),
+    ("POST", "/v1/bots/side/decide", {}, "[[[["),
+    ("POST", "/v1/bots/alpha/decide", {}, {"chat": "c", "author": "al"}),
+    ("POST", "/v1/bots/side/sent", {}, {"ticket": "t", "ids": ["x" * 70000]}),
+    ("POST", "/v1/bots/side/release", {}, {"ticket": "x" * 70000}),
+    ("POST", "/v1/bots/side/decide", {}, {"chat": "c", "author": "al", "text": "x" * 70000}),
     # admin
     ("GET", "/v1/admin/chats/c", {}, None),
     ("GET", "/v1/admin/chats/c", {"Authorization": "Bearer nope"}, None),
@@ -261,12 +278,17 @@ CASES: list[tuple[str, str, dict[str, str], Any]] = [
 
 async def test_real_answers_match_the_document(url: str) -> None:
     seen: set[tuple[str, str, int]] = set()
+    ticket = None
     async with aiohttp.ClientSession() as session:
         for method, path, headers, body in CASES:
+            if isinstance(body, dict) and body.get("ticket") == LAST:
+                body = {**body, "ticket": ticket}
             data = None if body is None else body if isinstance(body, str) else json.dumps(body)
             async with session.request(method, url + path, data=data, headers=headers) as resp:
                 text = await resp.text()
                 status, ctype = resp.status, resp.content_type
+            if status == 200 and ctype == "application/json":
+                ticket = json.loads(text).get("ticket", ticket)
             bare = path.partition("?")[0]
             kind, schema = _schema(method, bare, status)
             assert ctype == kind, f"{method} {path}: {status} {ctype}, documented {kind}"
@@ -281,6 +303,8 @@ async def test_real_answers_match_the_document(url: str) -> None:
     assert ("POST", "/v1/guard/{session}/step", 429) in seen
     assert ("POST", "/v1/guard/{session}/step", 409) in seen
     assert ("POST", "/v1/bots/{bot}/messages", 413) in seen
+    for route in ("sent", "release"):
+        assert ("POST", f"/v1/bots/{{bot}}/{route}", 409) in seen
 
 
 async def test_both_documents_are_served(url: str) -> None:

@@ -104,11 +104,11 @@ def make_backend(cfg: BackendConfig, bot_name: str, outbound: Outbound) -> Backe
     return Guarded(inner, cfg.timeout_seconds, _breaker(cfg.breaker), cfg.max_concurrent)
 
 
-def context_wanted(cfg: BackendConfig) -> int:
-    """How many recent messages the backend is given."""
-    return 0 if cfg.type == "echo" else cfg.context_messages
+def context_wanted(cfg: BackendConfig | None) -> int:
+    """How many recent messages the backend is given (none without one)."""
+    return 0 if cfg is None or cfg.type == "echo" else cfg.context_messages
 
 
-def deadline(cfg: BackendConfig) -> float:
-    """The longest the backend may take to answer, in seconds."""
-    return 0.0 if cfg.type == "echo" else cfg.timeout_seconds
+def deadline(cfg: BackendConfig | None) -> float:
+    """The longest the backend may take to answer, in seconds (none without one)."""
+    return 0.0 if cfg is None or cfg.type == "echo" else cfg.timeout_seconds

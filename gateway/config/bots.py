@@ -128,6 +128,10 @@ class AdminsConfig(Model):
 
 
 Platform: TypeAlias = Literal["discord", "telegram", "http"]
+# proxy: the daemon connects to the platform with the bot's token and its
+# backend answers; decide: the bot keeps its token and its code, and asks
+# (POST /v1/bots/<name>/decide, or the botbouncer package in process).
+Mode: TypeAlias = Literal["proxy", "decide"]
 
 _SECRET_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
 
@@ -182,9 +186,15 @@ class BotConfig(Policy):
 
     name: NonEmptyStr
     platform: Platform
+    mode: Mode = "proxy"
     token: OptionalSecret = Field(default=None, validate_default=True)
     api_base: OptionalStr = None
-    backend: BackendConfig
+    backend: BackendConfig | None = Field(default=None, validate_default=True)
+    # decide mode: the bot's own id on its platform (the author id of its
+    # messages, what a mention of it carries); its name unless given
+    user_id: OptionalStr = None
+    # decide mode: how long a ticket holds its reply's turn and rate slot
+    ticket_seconds: Float = Field(default=defaults.TICKET_SECONDS, gt=0, le=86_400)
     admins: AdminsConfig = AdminsConfig()
     # Discord only: where the gateway websocket is when api_base points at a
     # proxy (default: what GET {api_base}/gateway/bot answers), sharding for
@@ -246,9 +256,33 @@ class BotConfig(Policy):
     @classmethod
     def _token(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
         platform = info.data.get("platform")
+        if info.data.get("mode") == "decide":
+            if value is not None:
+                raise ValueError("a decide bot keeps its token: botbouncer never connects for it")
+            return value
         if value is None and platform in ("discord", "telegram"):
             raise ValueError(f"is required for platform {platform}")
         return value
+
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, value: Any, info: ValidationInfo) -> Any:
+        decide = info.data.get("mode") == "decide"
+        if decide and value is not None:
+            raise ValueError("a decide bot has no backend: its own code answers")
+        if not decide and value is None and "mode" in info.data:
+            raise ValueError("is required (or mode: decide, for a bot that answers by itself)")
+        return value
+
+    @model_validator(mode="after")
+    def _decide_only(self) -> BotConfig:
+        if self.mode == "proxy":
+            for key in ("user_id", "ticket_seconds"):
+                if key in self.model_fields_set:
+                    raise ValueError(f"{key}: is a setting of mode: decide")
+        elif self.api_base is not None:
+            raise ValueError("api_base: a decide bot keeps its own connection")
+        return self
 
     @field_validator("api_base")
     @classmethod

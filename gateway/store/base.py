@@ -252,6 +252,19 @@ class Store(Protocol):
         self, chat: str, bot: str, limits: Limits, now_ms: int | None = None
     ) -> ChatStatus: ...
 
+    async def issue_ticket(
+        self, ticket: str, record: str, ttl_ms: int, now_ms: int | None = None
+    ) -> None:
+        """File a decide-mode ticket (gateway/store/tickets.py) for `ttl_ms`."""
+        ...
+
+    async def spend_ticket(
+        self, ticket: str, how: str, now_ms: int | None = None
+    ) -> tuple[str, str] | None:
+        """Move a ticket on (tickets.next_state); its state before and its
+        record, or None when there is no such ticket (never issued, lapsed)."""
+        ...
+
     async def reset(self, chat: str) -> None:
         """Zero the chat's counters, pair windows and cooldowns."""
         ...

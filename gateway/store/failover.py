@@ -231,6 +231,36 @@ class FailoverStore:
             lambda: self.fallback.status(chat, bot, limits, now_ms),
         )
 
+    async def issue_ticket(
+        self, ticket: str, record: str, ttl_ms: int, now_ms: int | None = None
+    ) -> None:
+        await self.run(
+            lambda: self.primary.issue_ticket(ticket, record, ttl_ms, now_ms),
+            lambda: self.fallback.issue_ticket(ticket, record, ttl_ms, now_ms),
+        )
+
+    async def spend_ticket(
+        self, ticket: str, how: str, now_ms: int | None = None
+    ) -> tuple[str, str] | None:
+        """On Redis, else here (a ticket issued during an outage lives here).
+        A ticket this process does not know while Redis is away may be on
+        Redis: that is a StoreError (try again), not "no such ticket"."""
+
+        async def local() -> tuple[str, str] | None:
+            found = await self.fallback.spend_ticket(ticket, how, now_ms)
+            if found is None:
+                raise StoreError(f"Redis is unreachable ({self.error or 'too slow'}) and the "
+                                 "ticket may be filed there; try again")  # fmt: skip
+            return found
+
+        async def on_redis() -> tuple[str, str] | None:
+            found = await self.primary.spend_ticket(ticket, how, now_ms)
+            if found is None:  # issued here during an outage?
+                found = await self.fallback.spend_ticket(ticket, how, now_ms)
+            return found
+
+        return await self.run(on_redis, local)
+
     async def reset(self, chat: str) -> None:
         await self.run(lambda: self.primary.reset(chat), lambda: self.fallback.reset(chat))
 

@@ -42,6 +42,7 @@ from gateway.store.base import (
     pace_name,
     pair_name,
 )
+from gateway.store.tickets import MemoryTickets
 from gateway.turns import Count, verdict
 
 log = logging.getLogger("botbouncer.store")
@@ -124,6 +125,7 @@ class MemoryStore:
         self._ops = 0
         self._evicted = 0  # forgotten before they expired, since the last warning
         self._warned_at = -float("inf")
+        self._tickets: MemoryTickets[str] = MemoryTickets()
 
     # -- plumbing ---------------------------------------------------------
 
@@ -401,6 +403,16 @@ class MemoryStore:
         state.holds.pop(hold_name(bot, message_id), None)
         if log is not None:
             _log(state, log)
+
+    async def issue_ticket(
+        self, ticket: str, record: str, ttl_ms: int, now_ms: int | None = None
+    ) -> None:
+        self._tickets.issue(ticket, record, ttl_ms, now_ms)
+
+    async def spend_ticket(
+        self, ticket: str, how: str, now_ms: int | None = None
+    ) -> tuple[str, str] | None:
+        return self._tickets.spend(ticket, how, now_ms)
 
     async def status(
         self, chat: str, bot: str, limits: Limits, now_ms: int | None = None

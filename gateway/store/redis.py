@@ -45,6 +45,7 @@ from gateway.store.base import (
     hold_name,
 )
 from gateway.store.batching import AutoPipeline
+from gateway.store.tickets import ISSUED, split, ticket_key
 from gateway.turns import Count, verdict
 
 _OVERRIDE_FIELDS = ("soft_limit", "hard_limit", "max_replies", "rate_window_ms")
@@ -283,6 +284,7 @@ class RedisStore:
             None if isinstance(client, RedisCluster) else AutoPipeline(client, timeout=call_timeout)
         )
         self._reset = register(client, _lua("reset.lua"))
+        self._ticket = register(client, _lua("ticket.lua"))
         self._probe = register(client, _PROBE)
 
     @classmethod
@@ -401,6 +403,20 @@ class RedisStore:
                                  hold_name(bot, message_id)]  # fmt: skip
         with failing("release"):
             await self._run(self._release, [keys.rate(bot), keys.log, keys.holds], args)
+
+    async def issue_ticket(
+        self, ticket: str, record: str, ttl_ms: int, now_ms: int | None = None
+    ) -> None:
+        # Redis's own clock lapses it (an injected clock is the memory store's)
+        with failing("ticket"):
+            await self.client.set(ticket_key(self.prefix, ticket), ISSUED + record, px=ttl_ms)
+
+    async def spend_ticket(
+        self, ticket: str, how: str, now_ms: int | None = None
+    ) -> tuple[str, str] | None:
+        with failing("ticket"):
+            before = await self._run(self._ticket, [ticket_key(self.prefix, ticket)], [how])
+        return split(before)
 
     async def _now_ms(self) -> int:
         sec, usec = await self.client.time()
