@@ -25,7 +25,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy gateway adapters
+	$(BIN)/mypy gateway adapters botbouncer
 
 format: $(STAMP)
 	$(BIN)/ruff format .

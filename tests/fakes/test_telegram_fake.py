@@ -9,6 +9,14 @@ from typing import Any
 
 import pytest
 import telegram
+from aiogram import Bot, Dispatcher, F
+from aiogram.exceptions import (
+    TelegramBadRequest,
+    TelegramForbiddenError,
+    TelegramRetryAfter,
+    TelegramUnauthorizedError,
+)
+from aiogram.types import Message as AiogramMessage
 from aiohttp import web
 from telegram.error import (
     BadRequest,
@@ -25,6 +33,7 @@ from tests.fakes.telegram import (
     GROUP_ANONYMOUS_BOT_ID,
     FakeTelegram,
     Json,
+    aiogram_session,
     fast_request,
     find_entities,
     utf16_len,
@@ -643,3 +652,70 @@ async def test_application_polling_round_trip(fake: FakeTelegram) -> None:
     assert last.params["timeout"] == "0"  # Updater.stop confirms the offset without waiting
     assert fake.bots[TOKEN_B].pending == []
     assert fake.sent[-1].text == "hello from the app"
+
+
+# -- aiogram 3 ---------------------------------------------------------------------------
+
+
+async def test_aiogram_polls_answers_and_stops(fake: FakeTelegram) -> None:
+    """A real aiogram Dispatcher polling through `aiogram_session`: start-up, long
+    polling, answers in the message's topic and replies, the long poll abandoned at
+    stop."""
+    dp = Dispatcher()
+    seen: list[str | None] = []
+
+    @dp.message(F.text)
+    async def echo(message: AiogramMessage) -> None:
+        seen.append(message.text)
+        await message.reply(f"heard: {message.text}")
+
+    fake.bots[TOKEN_B].privacy = False
+    topic = fake.create_topic(FORUM, ALICE, "aiogram")
+    bot = Bot(TOKEN_B, session=aiogram_session(fake.api_base))
+    polling = asyncio.create_task(dp.start_polling(bot, handle_signals=False))
+    try:
+        await fake.wait_until(lambda: fake.bots[TOKEN_B].polling > 0, what="polling")
+        general = await fake.user_says(GROUP, ALICE, "hello")
+        in_topic = await fake.user_says(FORUM, BOB, "in the topic", thread_id=topic)
+        first, second = await fake.wait_sent(2)
+    finally:
+        await dp.stop_polling()
+        await polling
+    assert sorted(seen, key=str) == ["hello", "in the topic"]
+    by_chat = {s.chat_id: s for s in (first, second)}
+    assert (by_chat[GROUP].reply_to, by_chat[GROUP].thread_id) == (general["message_id"], None)
+    assert (by_chat[FORUM].reply_to, by_chat[FORUM].thread_id) == (in_topic["message_id"], topic)
+    assert by_chat[FORUM].text == "heard: in the topic"
+    calls = [c for c in fake.calls if c.token == TOKEN_B]
+    assert [c.method for c in calls[:2]] == ["getMe", "getUpdates"]  # no deleteWebhook
+    assert calls[1].params == {"timeout": "10", "allowed_updates": '["message"]'}
+    assert fake.calls_of("getUpdates", TOKEN_B)[-1].status == 499  # stop_polling hung up
+
+
+async def test_aiogram_gets_its_own_exceptions(fake: FakeTelegram) -> None:
+    """Form fields as aiogram sends them; the fake's errors as aiogram's exceptions,
+    an unimplemented parameter named in a 400."""
+    fake.add_chat(-999, "group", "without the bots")
+    bot = Bot(TOKEN_A, session=aiogram_session(fake.api_base))
+    nobody = Bot("9999:unknown", session=aiogram_session(fake.api_base))
+    try:
+        me = await bot.me()
+        assert (me.id, me.username, me.is_bot) == (ALPHA, "alpha_bot", True)
+        sent = await bot.send_message(GROUP, "hi", message_thread_id=None)
+        assert sent.from_user is not None and sent.from_user.id == ALPHA
+        assert (sent.chat.id, sent.text) == (GROUP, "hi")
+        assert fake.calls_of("sendMessage")[-1].params == {"chat_id": str(GROUP), "text": "hi"}
+        with pytest.raises(TelegramBadRequest, match="does not implement sendMessage's parse_mode"):
+            await bot.send_message(GROUP, "<b>bold</b>", parse_mode="HTML")
+        with pytest.raises(TelegramForbiddenError, match="not a member of the group chat"):
+            await bot.send_message(-999, "let me in")
+        fake.fail_next("sendMessage", 429, retry_after=3)
+        with pytest.raises(TelegramRetryAfter) as retry:
+            await bot.send_message(GROUP, "spam")
+        assert retry.value.retry_after == 3
+        with pytest.raises(TelegramUnauthorizedError):
+            await nobody.get_me()
+    finally:
+        await bot.session.close()
+        await nobody.session.close()
+    assert [s.text for s in fake.sent] == ["hi"]

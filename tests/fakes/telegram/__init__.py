@@ -1,4 +1,5 @@
-"""A fake Telegram Bot API server that the real python-telegram-bot (v22) can talk to.
+"""A fake Telegram Bot API server that the real python-telegram-bot (v22) and aiogram
+(v3) can talk to.
 
 Start it, point PTB's `base_url` at it, drive the world from tests:
 
@@ -23,6 +24,13 @@ Updater.start_polling calls deleteWebhook, then getUpdates (offset 0 first, time
 the client hang up) and calls getUpdates once more with timeout 0 and the next offset
 to confirm what it fetched; Application.stop/shutdown call nothing.
 
+An aiogram Bot takes `session=aiogram_session(fake.api_base)` (an AiohttpSession on
+`TelegramAPIServer.from_base`). Dispatcher.start_polling calls getMe, then getUpdates
+(timeout 10, allowed_updates from the handlers; the offset from the second call on) in
+a loop; it calls no deleteWebhook. stop_polling abandons the running long poll (the
+fake sees the client hang up) without confirming what it fetched; the bot's next
+getUpdates does that.
+
 The modules, each built on those before it:
 
 - world.py: people, bots, chats and their members (set-up and lookups);
@@ -34,7 +42,8 @@ The modules, each built on those before it:
 - api.py: the HTTP endpoint, the other Bot API methods, the records of calls;
 - fake.py: FakeTelegram itself, its lifecycle and what people do (`user_says`).
 
-Only what botbouncer's adapter, the benchmark and PTB's start-up use is implemented:
+Only what botbouncer's adapter and middlewares, the benchmark and the clients' start-up
+use is implemented:
 the methods getMe, getUpdates, setWebhook, deleteWebhook, sendMessage,
 sendChatAction, setMyCommands and getChatMember, with the parameters listed in
 `BotApi.methods`; another parameter is answered with a 400 that says so. There is no
@@ -51,7 +60,7 @@ asyncio.Condition, so tests wait with deadlines (`wait_until`, `wait_sent`).
 """
 
 from tests.fakes.telegram.api import ApiCall, BotApi, ChatAction, SentMessage
-from tests.fakes.telegram.fake import FakeTelegram, fast_request
+from tests.fakes.telegram.fake import FakeTelegram, aiogram_session, fast_request
 from tests.fakes.telegram.params import ApiError
 from tests.fakes.telegram.payloads import entity_text, find_entities, utf16_len
 from tests.fakes.telegram.updates import WebhookAttempt
@@ -78,6 +87,7 @@ __all__ = [
     "SentMessage",
     "Webhook",
     "WebhookAttempt",
+    "aiogram_session",
     "entity_text",
     "fast_request",
     "find_entities",

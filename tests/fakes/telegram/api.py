@@ -1,10 +1,11 @@
 """The Bot API over HTTP: each request is recorded (`calls`), then answered by its
 method, or by an error queued with `fail_next`.
 
-What python-telegram-bot 22.8 sends: every method is a POST to
+What python-telegram-bot 22.8 and aiogram 3 send: every method is a POST to
 `{base_url}{token}/{method}`, its parameters form-encoded with None values left out
-(see params.py). Only the methods and parameters that botbouncer's adapter, the
-benchmark's bare PTB bot and PTB's own start-up and shutdown use are implemented
+(see params.py; aiogram also leaves out false and empty ones). Only the methods and
+parameters that botbouncer's adapter and middlewares, the benchmark's bare PTB bot and
+the clients' own start-up and shutdown use are implemented
 (`BotApi.methods`); any other parameter is refused with a 400 that says so, so that a
 client starting to use one fails loudly instead of being half-served.
 """

@@ -15,6 +15,7 @@ from tests.fakes.telegram.updates import Updates
 from tests.fakes.telegram.world import GROUP_ANONYMOUS_BOT_ID, MEMBER_STATUSES, FakeChat, Json
 
 if TYPE_CHECKING:
+    from aiogram.client.session.aiohttp import AiohttpSession
     from telegram.request import HTTPXRequest
 
 TOPIC_ICON_COLOR = 7322096  # 0x6FB9F0, the default forum topic colour
@@ -30,8 +31,19 @@ def fast_request(**kwargs: Any) -> HTTPXRequest:
     return HTTPXRequest(httpx_kwargs={"verify": False}, **kwargs)
 
 
+def aiogram_session(api_base: str, **kwargs: Any) -> AiohttpSession:
+    """An aiogram 3 session for the fake at `api_base` (`FakeTelegram.api_base`):
+    `aiogram.Bot(token, session=aiogram_session(fake.api_base))`. Methods go to
+    `{api_base}/bot{token}/{method}`, files to `{api_base}/file/bot{token}/...`."""
+    from aiogram.client.session.aiohttp import AiohttpSession
+    from aiogram.client.telegram import TelegramAPIServer
+
+    return AiohttpSession(api=TelegramAPIServer.from_base(api_base), **kwargs)
+
+
 class FakeTelegram(BotApi):
-    """An aiohttp fake of the Telegram Bot API for python-telegram-bot clients."""
+    """An aiohttp fake of the Telegram Bot API for python-telegram-bot and aiogram
+    clients."""
 
     def __init__(
         self,

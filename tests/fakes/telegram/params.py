@@ -1,7 +1,7 @@
 """Reading a method's parameters, and the error answer of the Bot API.
 
-python-telegram-bot sends every parameter as a form field, with every value that is
-no string JSON-encoded ("5", "true", objects and lists as JSON text); parameters
+python-telegram-bot and aiogram send every parameter as a form field, with every value
+that is no string JSON-encoded ("5", "true", objects and lists as JSON text); parameters
 nested in a JSON object (reply_parameters) carry native values. The readers take both.
 """
 
@@ -20,7 +20,10 @@ class ApiError(Exception):
 
     PTB maps the HTTP status, not `error_code`: 400 BadRequest, 401/404 InvalidToken,
     403 Forbidden, 409 Conflict, `parameters.retry_after` RetryAfter; it strips a
-    leading "Bad Request: " (and capitalises the rest) from the description."""
+    leading "Bad Request: " (and capitalises the rest) from the description. aiogram
+    maps the same statuses (TelegramBadRequest, TelegramUnauthorizedError, TelegramNotFound,
+    TelegramForbiddenError, TelegramConflictError, TelegramRetryAfter) and keeps the
+    description as it is."""
 
     def __init__(
         self, status: int, description: str | None = None, *, retry_after: int | None = None

@@ -1,0 +1,304 @@
+"""botbouncer for a discord.py (2.x) Client or commands.Bot that keeps its token.
+
+    client = discord.Client(intents=intents)
+    guard(client, Bouncer("botbouncer.yml", bot="helper"))
+
+`guard` wires a `Bouncer` into the client at three places:
+
+- the gateway's MESSAGE_CREATE parser (`client._connection.parsers`, the
+  table discord.py's websocket reads, which botbouncer's own Discord adapter
+  replaces the same way). Each new message is mapped by the adapter's own
+  `adapters.discord.from_payload` (the channel or thread is the chat, a
+  message without a guild is a DM, mentions, replies, system messages) and
+  decided before discord.py builds a `discord.Message` of it. On `reply` it
+  is dispatched as usual (`on_message`, listeners, commands); on `drop` and
+  `warn` it is not, and on `warn` the guard posts the warning in the channel
+  (no pings), unless `warnings=False`. The bot's own messages are always
+  dispatched: when the bot sent them through discord.py they were counted
+  already and are recognised as echoes without a store call.
+- `client._schedule_event`, wrapped on the instance, through which discord.py
+  starts every event handler in a task of its own: the guard collects the
+  tasks a decided message started and, when they have all ended (at most
+  the bot's `ticket_seconds`), releases the ticket if nothing was sent.
+- `client.http.send_message`, wrapped on the instance: every message the bot
+  sends through discord.py (`channel.send`, `message.reply`, `ctx.send`) is
+  counted, under the ticket of the message being handled when it goes to
+  that message's channel, else as the bot's own turn in its channel
+  (`Bouncer.posted`).
+
+Delivery order: a decided message reaches the bot after one store call, so
+events discord.py parses meanwhile (an edit or delete of that message) may
+come first. A message the guard cannot read is dispatched undecided, with an
+INFO line, as discord.py would; when the store is unreachable (`StoreError`)
+nothing is dispatched and an ERROR line says so (a chat where bots loop is
+exactly where failing open would hurt; a person can ask again).
+
+Not covered: messages sent without `http.send_message` (webhooks, interaction
+responses, forum posts that open a thread) are seen only as echoes, decided
+and counted by the store then; `wait_for("message")` resolves before the
+guard decides, for every message.
+
+The Bouncer is the caller's to close (`async with Bouncer(...)`, or after
+`client.close()`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+import discord
+
+from adapters.common import clean
+from adapters.discord import PayloadError, from_payload
+from botbouncer.bouncer import Bouncer
+from gateway.config import ConfigError
+from gateway.decide import SpentTicket, UnknownTicket
+from gateway.model import Action, ChatRef, Decision, Message
+from gateway.store import StoreError
+
+log = logging.getLogger(__name__)
+
+Parser = Callable[[Any], None]
+
+
+@dataclass(eq=False)
+class _Handling:
+    """One decided message being handled by one guarded client."""
+
+    guard: DiscordGuard
+    decision: Decision
+    sent: int = 0  # messages counted under the ticket
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)  # its event handlers
+    open: bool = True  # until its handlers ended
+    _timer: asyncio.TimerHandle | None = None
+
+    def wait(self, timeout: float) -> None:
+        """Once every handler started for the message ended (done callbacks,
+        no task waits on them), or `timeout` passed, the guard hears of it."""
+        pending = [t for t in self.tasks if not t.done()]
+        if not pending:
+            self._end(lapsed=False)
+            return
+        self.tasks = pending
+        for task in pending:
+            task.add_done_callback(self._one_done)
+        self._timer = asyncio.get_running_loop().call_later(timeout, self._end, True)
+
+    def _one_done(self, task: asyncio.Task[Any]) -> None:
+        self.tasks.remove(task)
+        if not self.tasks:
+            self._end(lapsed=False)
+
+    def _end(self, lapsed: bool) -> None:
+        if not self.open:
+            return
+        self.open = False
+        if self._timer is not None:
+            self._timer.cancel()
+        self.guard._handled(self, lapsed=lapsed)
+
+
+# The message the current task handles (None: on_ready, a loop task, start-up).
+# discord.py starts each event handler with loop.create_task, which copies the
+# context: a handler, and any task it starts, sees the message it handles.
+_handling: ContextVar[_Handling | None] = ContextVar("botbouncer_discord", default=None)
+
+
+class DiscordGuard:
+    """What `guard` installed on one client (see the module docstring)."""
+
+    def __init__(self, client: discord.Client, bouncer: Bouncer, *, warnings: bool) -> None:
+        self.client = client
+        self.bouncer = bouncer
+        self.warnings = warnings
+        self.known = False  # bouncer.bot_id set from client.user
+        self._parse: Parser = client._connection.parsers["MESSAGE_CREATE"]
+        self._schedule_event = client._schedule_event
+        self._send_message = client.http.send_message
+        self._tasks: set[asyncio.Task[Any]] = set()  # deciding, handling, releasing
+
+    @property
+    def name(self) -> str:
+        return self.bouncer.bot.name
+
+    def _install(self) -> None:
+        self.client._connection.parsers["MESSAGE_CREATE"] = self._on_create
+        self.client._schedule_event = self._scheduling  # type: ignore[method-assign]
+        self.client.http.send_message = self._sending  # type: ignore[method-assign]
+
+    def _me(self) -> None:
+        """The Bouncer learns the bot's id once discord.py knows it (login)."""
+        if not self.known and (user := self.client.user) is not None:
+            self.bouncer.bot_id = str(user.id)
+            self.known = True
+
+    async def wait_idle(self) -> None:
+        """Until every message received so far is decided and handled (tests)."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # -- deciding ----------------------------------------------------------------------
+
+    def _on_create(self, data: Any) -> None:
+        """discord.py's MESSAGE_CREATE parser: the bot's own echo goes through
+        at once; anything else is decided in a task and dispatched, or not."""
+        self._me()
+        try:
+            msg = from_payload(data)
+        except PayloadError as exc:
+            what = data.get("id") if isinstance(data, dict) else "?"
+            log.info("bot %s: message %s passed through undecided: %s", self.name, what, exc)
+            self._parse(data)
+            return
+        if self.bouncer.echo(msg):  # sent through this client: counted then
+            self._parse(data)
+            return
+        self._track(asyncio.ensure_future(self._decide(msg, data)))
+
+    async def _decide(self, msg: Message, data: Any) -> None:
+        try:
+            d = await self.bouncer.decide(msg)
+        except StoreError as exc:
+            log.error("bot %s: message %s not handled: %s", self.name, msg.id, exc)
+            return
+        except Exception:
+            log.exception("bot %s: deciding on message %s failed; not handled", self.name, msg.id)
+            return
+        if msg.author.id == self.bouncer.bot_id:  # its own, sent some other way: counted now
+            self._parse(data)
+            return
+        if d.ticket is None:  # drop
+            return
+        handling = _Handling(self, d)
+        token = _handling.set(handling)
+        try:
+            if d.action is Action.REPLY:
+                self._dispatch(data, msg)
+            elif self.warnings and d.warning:
+                await self._warn(msg.chat, d.warning)
+        finally:  # cancelled too (the client closing): the ticket is still seen to
+            _handling.reset(token)
+            handling.wait(self.bouncer.bot.ticket_seconds)
+
+    def _handled(self, handling: _Handling, *, lapsed: bool) -> None:
+        """The message's handlers have all ended (or `ticket_seconds` passed):
+        a ticket under which nothing was sent is released."""
+        if lapsed:
+            log.warning("bot %s: the handlers of message %s still run after %g s; its ticket "
+                        "has lapsed", self.name, handling.decision.message_id,
+                        self.bouncer.bot.ticket_seconds)  # fmt: skip
+        if handling.sent == 0:
+            self._track(asyncio.ensure_future(self._release(handling.decision)))
+
+    def _track(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _dispatch(self, data: Any, msg: Message) -> None:
+        try:
+            self._parse(data)
+        except Exception:  # discord.py could not build it: as its websocket would log it
+            log.exception("bot %s: discord.py failed to parse message %s", self.name, msg.id)
+
+    async def _warn(self, chat: ChatRef, text: str) -> None:
+        """Post the warning in the channel, pinging no one; counted under the
+        ticket by `_sending`, like any message sent while handling."""
+        channel = self.client.get_partial_messageable(int(chat.id))
+        try:
+            await channel.send(text, allowed_mentions=discord.AllowedMentions.none())
+        except Exception as exc:  # discord.HTTPException mostly; never into discord.py
+            log.warning("bot %s: posting the warning in %s failed: %s", self.name, chat.key, exc)
+
+    async def _release(self, d: Decision) -> None:
+        try:
+            await self.bouncer.release(d)
+        except (UnknownTicket, SpentTicket) as exc:  # lapsed (ticket_seconds) meanwhile
+            log.warning("bot %s: releasing the ticket of %s failed: %s", self.name,
+                        d.message_id, exc)  # fmt: skip
+        except StoreError as exc:
+            log.error("bot %s: releasing the ticket of %s failed: %s; its slot comes back "
+                      "when the ticket lapses", self.name, d.message_id, exc)  # fmt: skip
+        except Exception:
+            log.exception("bot %s: releasing the ticket of %s failed", self.name, d.message_id)
+
+    def _scheduling(
+        self,
+        coro: Callable[..., Coroutine[Any, Any, Any]],
+        event_name: str,
+        *args: Any,
+        **kwargs: Any,
+    ) -> asyncio.Task[Any]:
+        """`Client._schedule_event`: every event handler discord.py starts
+        (on_message, listeners, commands.Bot's extra events) is a task; those
+        started while a decided message is dispatched are its handlers."""
+        task = self._schedule_event(coro, event_name, *args, **kwargs)
+        handling = _handling.get()
+        if handling is not None and handling.guard is self and handling.open:
+            handling.tasks.append(task)
+            self._track(task)
+        return task
+
+    # -- counting what the bot sends ---------------------------------------------------
+
+    async def _sending(self, channel_id: Any, *, params: Any) -> Any:
+        """`HTTPClient.send_message`, which every `Messageable.send` (and so
+        `message.reply`, `ctx.send`) calls and which answers with the message
+        Discord created. Its echo may arrive on the gateway before this
+        answer: `Bouncer.sending` makes it wait for the count instead of
+        counting it twice. A failure to count is logged: the message was
+        sent, and the bot's code is told so."""
+        self._me()
+        chat = ChatRef("discord", str(channel_id)).key
+        with self.bouncer.sending(chat):
+            sent = await self._send_message(channel_id, params=params)
+            try:
+                await self._count(chat, sent)
+            except StoreError as exc:
+                log.error("bot %s: a message sent in %s was not counted: %s", self.name, chat,
+                          exc)  # fmt: skip
+            except Exception:
+                log.exception("bot %s: counting a message sent in %s failed", self.name, chat)
+        return sent
+
+    async def _count(self, chat: str, sent: Any) -> None:
+        if not isinstance(sent, dict) or sent.get("id") is None:
+            log.info("bot %s: Discord answered a send in %s without a message id; not counted",
+                     self.name, chat)  # fmt: skip
+            return
+        message_id, text = str(sent["id"]), clean(sent.get("content"))
+        handling = _handling.get()
+        if handling is not None and handling.guard is self and handling.open:
+            d = handling.decision
+            if d.chat == chat:
+                handling.sent += 1  # before any await: the release at the end sees it
+                try:
+                    await self.bouncer.sent(d, [message_id], [text])
+                    return
+                except (UnknownTicket, SpentTicket) as exc:  # lapsed: still a turn
+                    log.warning("bot %s: ticket of %s: %s; message %s counted on its own",
+                                self.name, d.message_id, exc, message_id)  # fmt: skip
+        await self.bouncer.posted(chat, message_id, text)
+
+
+def guard(client: discord.Client, bouncer: Bouncer, *, warnings: bool = True) -> DiscordGuard:
+    """Put `bouncer` in front of `client`'s message handlers and count every
+    message it sends (see the module docstring). Call it once, before the
+    client connects. `warnings=False`: on `warn` nothing is posted (the
+    handlers still do not see the message; its ticket is released)."""
+    if bouncer.bot.platform != "discord":
+        raise ConfigError(f"bot {bouncer.bot.name!r} is configured for platform "
+                          f"{bouncer.bot.platform}, not discord: chats are counted per "
+                          "platform")  # fmt: skip
+    parsers = getattr(client._connection, "parsers", None)
+    if not isinstance(parsers, dict) or "MESSAGE_CREATE" not in parsers:
+        raise RuntimeError("botbouncer.discord needs discord.py 2 (its MESSAGE_CREATE parser)")
+    if isinstance(getattr(parsers["MESSAGE_CREATE"], "__self__", None), DiscordGuard):
+        raise ValueError("this client is guarded already")
+    g = DiscordGuard(client, bouncer, warnings=warnings)
+    g._install()
+    return g
