@@ -363,11 +363,10 @@ class MemoryStore:
         reserved = False
         if limits.rate_applies:
             window = chat.rate.setdefault(req.bot, {})
-            for mid in [m for m, t in window.items() if t <= now - limits.rate_window_ms]:
-                del window[mid]
+            _prune_window(window, now - limits.rate_window_ms)
             if len(window) >= limits.max_replies:
                 return result(Action.DROP, Reason.RATE_CAPPED, turn, soft, hard)
-            window[obs.message_id] = now
+            _reserve(window, obs.message_id, now)
             reserved = True
         if req.hold_ms > 0:
             chat.holds = {h: t for h, t in chat.holds.items() if t > now}
@@ -479,3 +478,29 @@ def _log(chat: _Chat, entry: dict[str, Any]) -> None:
     chat.log.append(_pack(entry))
     if len(chat.log) > DECISION_LOG_SIZE:
         del chat.log[0]
+
+
+def _prune_window(window: dict[str, int], cutoff: int) -> None:
+    """Forget the rate slots taken at or before `cutoff`. A window is kept
+    oldest first (`_reserve`), so the scan stops at the first slot still in
+    it: an admit costs what expired, not the whole window (a cap of thousands
+    made every admit scan thousands)."""
+    stale = []
+    for message_id, taken in window.items():
+        if taken > cutoff:
+            break
+        stale.append(message_id)
+    for message_id in stale:
+        del window[message_id]
+
+
+def _reserve(window: dict[str, int], message_id: str, now: int) -> None:
+    """Take a slot at `now`, keeping the window oldest first even if the
+    clock went back (then, rarely, by sorting it)."""
+    newest = next(reversed(window.values()), None)
+    window.pop(message_id, None)
+    window[message_id] = now
+    if newest is not None and now < newest:
+        ordered = sorted(window.items(), key=lambda slot: slot[1])
+        window.clear()
+        window.update(ordered)

@@ -415,6 +415,21 @@ async def test_pause_is_shared_and_answers_nothing_until_resumed(stores: StoreFa
     assert (res.action, res.reason) == (None, None)
 
 
+async def test_a_rate_slot_taken_after_the_clock_went_back_expires_on_time(store: Store) -> None:
+    """The memory store keeps a window oldest first and stops pruning at the
+    first slot still in it; a slot taken after the clock stepped back must
+    still expire when its time comes (Redis's sorted set does this anyway)."""
+    chat = Chat(store, limits=Limits(max_replies=2, rate_window_ms=1000))
+    start = chat.now_ms
+    assert (await chat.human(tick=0)).reserved  # a slot at start
+    chat.now_ms = start - 900  # the clock steps back
+    assert (await chat.human(tick=0)).reserved  # a slot at start - 900
+    assert (await chat.human(tick=0)).reason is Reason.RATE_CAPPED
+    chat.now_ms = start + 100  # start - 900 has left the window, start has not
+    assert (await chat.human(tick=0)).reserved
+    assert (await chat.human(tick=0)).reason is Reason.RATE_CAPPED
+
+
 async def test_overrides_replace_the_configured_limits_for_every_replica(
     stores: StoreFactory,
 ) -> None:
