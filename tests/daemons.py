@@ -19,9 +19,15 @@ from tests.conftest import delete_prefix
 from tests.redis_server import free_port
 
 
-def build(redis_url: str, prefix: str, *bots: dict[str, Any], port: int | None = None) -> Daemon:
+def build(
+    redis_url: str,
+    prefix: str,
+    *bots: dict[str, Any],
+    port: int | None = None,
+    store: dict[str, Any] | None = None,
+) -> Daemon:
     config = {
-        "store": {"url": redis_url},
+        "store": {"url": redis_url, **(store or {})},
         "http": {"listen": f"127.0.0.1:{port or free_port()}"},
         "bots": list(bots),
     }

@@ -74,8 +74,17 @@ async def test_hundreds_of_concurrent_health_checks_never_degrade_a_healthy_redi
     """Each check used to take a pooled Redis connection of its own: 300 at
     once emptied redis-py's pool of 100, answered `degraded` and moved the
     store to local memory mid-loop, so loops overran the soft limit and
-    warnings were lost. One check runs at a time now; the rest share it."""
-    daemon = build(redis_url, key_prefix, http_bot("ping"), http_bot("pong"))
+    warnings were lost. One check runs at a time now; the rest share it.
+
+    The client, its 300 requests and the daemon share one event loop here, so
+    on a loaded two-core machine a Redis answer can wait behind them longer
+    than the default 0.5 s store timeout: that is this loop's latency, not
+    Redis's, and it once degraded the store in CI. The store's timeout is
+    raised for that reason only; the pool running dry fails at once, whatever
+    the timeout."""
+    daemon = build(
+        redis_url, key_prefix, http_bot("ping"), http_bot("pong"), store={"timeout_seconds": 5}
+    )
     url = await daemon.start()
     statuses: list[str] = []
     stop = asyncio.Event()
