@@ -75,32 +75,28 @@ class _Handling:
     sent: int = 0  # messages counted under the ticket
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)  # its event handlers
     open: bool = True  # until its handlers ended
-    _timer: asyncio.TimerHandle | None = None
 
-    def wait(self, timeout: float) -> None:
-        """Once every handler started for the message ended (done callbacks,
-        no task waits on them), or `timeout` passed, the guard hears of it."""
+    def wait(self) -> None:
+        """Once every handler started for the message ended (done callbacks:
+        no task waits on them), or its ticket lapsed, the guard hears of it."""
         pending = [t for t in self.tasks if not t.done()]
         if not pending:
-            self._end(lapsed=False)
+            self.end(lapsed=False)
             return
         self.tasks = pending
         for task in pending:
             task.add_done_callback(self._one_done)
-        self._timer = asyncio.get_running_loop().call_later(timeout, self._end, True)
+        self.guard._watch(self)
 
     def _one_done(self, task: asyncio.Task[Any]) -> None:
         self.tasks.remove(task)
         if not self.tasks:
-            self._end(lapsed=False)
+            self.end(lapsed=False)
 
-    def _end(self, lapsed: bool) -> None:
-        if not self.open:
-            return
-        self.open = False
-        if self._timer is not None:
-            self._timer.cancel()
-        self.guard._handled(self, lapsed=lapsed)
+    def end(self, *, lapsed: bool) -> None:
+        if self.open:
+            self.open = False
+            self.guard._handled(self, lapsed=lapsed)
 
 
 # The message the current task handles (None: on_ready, a loop task, start-up).
@@ -121,6 +117,9 @@ class DiscordGuard:
         self._schedule_event = client._schedule_event
         self._send_message = client.http.send_message
         self._tasks: set[asyncio.Task[Any]] = set()  # deciding, handling, releasing
+        # messages whose handlers still run, oldest first -> when their ticket lapses
+        self._running: dict[_Handling, float] = {}
+        self._sweeper: asyncio.TimerHandle | None = None
 
     @property
     def name(self) -> str:
@@ -183,11 +182,35 @@ class DiscordGuard:
                 await self._warn(msg.chat, d.warning)
         finally:  # cancelled too (the client closing): the ticket is still seen to
             _handling.reset(token)
-            handling.wait(self.bouncer.bot.ticket_seconds)
+            handling.wait()
+
+    def _watch(self, handling: _Handling) -> None:
+        """Handlers still running: their ticket lapses after ticket_seconds.
+        One timer for all of them, a second apart at most, not one per
+        message (each a heap entry and an object the collector tracks until
+        it would have fired)."""
+        loop = asyncio.get_running_loop()
+        self._running[handling] = loop.time() + self.bouncer.bot.ticket_seconds
+        if self._sweeper is None:
+            self._sweeper = loop.call_later(1.0, self._sweep)
+
+    def _sweep(self) -> None:
+        self._sweeper = None
+        now = asyncio.get_running_loop().time()
+        for handling, lapses in list(self._running.items()):  # oldest first
+            if not handling.open:
+                del self._running[handling]
+            elif lapses <= now:
+                handling.end(lapsed=True)
+            else:
+                break
+        if self._running:
+            self._sweeper = asyncio.get_running_loop().call_later(1.0, self._sweep)
 
     def _handled(self, handling: _Handling, *, lapsed: bool) -> None:
         """The message's handlers have all ended (or `ticket_seconds` passed):
         a ticket under which nothing was sent is released."""
+        self._running.pop(handling, None)
         if lapsed:
             log.warning("bot %s: the handlers of message %s still run after %g s; its ticket "
                         "has lapsed", self.name, handling.decision.message_id,

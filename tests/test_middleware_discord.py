@@ -381,6 +381,44 @@ async def test_a_handler_that_sends_nothing_or_raises_releases_its_slot(
     assert "boom" in caplog.text  # discord.py's on_error logged it
 
 
+async def test_a_handler_that_outlives_its_ticket_is_logged_and_its_reply_still_counted(
+    fake: FakeDiscord, decisions: Decisions
+) -> None:
+    """ticket_seconds 0.5: a handler still running after it is logged once
+    (the ticket lapsed); what it sends later is the bot's own turn."""
+    gate = asyncio.Event()
+    lapsed = asyncio.Event()
+
+    class Watch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "still run after" in record.getMessage():
+                lapsed.set()
+
+    async def slow(client: discord.Client, message: discord.Message) -> None:
+        await gate.wait()
+        await message.reply("sorry for the wait")
+
+    watch = Watch()
+    logging.getLogger("botbouncer.discord").addHandler(watch)
+    policy = {"respond_to": "mentions", "ticket_seconds": 0.5}
+    try:
+        async with Bouncer(config("alpha", **policy), platform="discord") as bouncer:
+            client, g = bot(bouncer, slow)
+            async with online((client, TOKEN_A)):
+                said = await fake.user_says(GENERAL, ALICE, f"<@{BOT_A}> take your time")
+                await decisions.wait(said["id"], BOT_A)
+                async with asyncio.timeout(10):
+                    await lapsed.wait()
+                assert await status(bouncer.store, chat(GENERAL), BOT_A) == (0, 1)
+                gate.set()
+                await g.wait_idle()
+                [_, reply] = fake.messages(GENERAL)
+                assert reply.content == "sorry for the wait"
+                assert (await status(bouncer.store, chat(GENERAL), BOT_A))[0] == 1
+    finally:
+        logging.getLogger("botbouncer.discord").removeHandler(watch)
+
+
 async def test_a_message_that_is_dropped_never_reaches_on_message(
     fake: FakeDiscord, decisions: Decisions
 ) -> None:
