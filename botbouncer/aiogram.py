@@ -82,10 +82,9 @@ from telegram import Update, User
 
 from adapters.common import clean, handle_event
 from adapters.telegram import Unreadable, chat_of, to_message
+from botbouncer._middleware import count_sent, release
 from botbouncer.bouncer import Bouncer
 from gateway.config import ConfigError
-from gateway.decide import SpentTicket, UnknownTicket
-from gateway.errors import BotbouncerError
 from gateway.model import Action, Decision, Message
 from gateway.store import StoreError
 
@@ -265,13 +264,8 @@ class AiogramGuard(BaseMiddleware):
     async def _settle(self, ticket: _Ticket) -> None:
         """The handlers are done: a ticket nothing was sent on goes back."""
         ticket.done = True
-        if ticket.used:
-            return
-        try:
-            await self.bouncer.release(ticket.decision)
-        except BotbouncerError as exc:  # the store, or a ticket that lapsed meanwhile
-            log.error("bot %s: releasing the ticket of message %s failed: %s",
-                      self.bouncer.bot.name, ticket.decision.message_id, exc)  # fmt: skip
+        if not ticket.used:
+            await release(self.bouncer, ticket.decision, log)
 
     # -- each message sent ------------------------------------------------------
 
@@ -297,21 +291,16 @@ class AiogramGuard(BaseMiddleware):
                         self.bouncer.bot.name, sent.message_id, exc)  # fmt: skip
             return
         message_id, text = str(sent.message_id), clean(tg.text or tg.caption)
-        ticket = _current.get()
+        ticket, d = _current.get(), None
         if (
             ticket is not None
             and ticket.guard is self
             and not ticket.done
             and ticket.decision.chat == chat
         ):
+            d = ticket.decision
             ticket.used = True
-            try:
-                await self.bouncer.sent(ticket.decision, [message_id], [text])
-                return
-            except (UnknownTicket, SpentTicket) as exc:  # lapsed meanwhile: a post
-                log.info("bot %s: message %s counted on its own: %s", self.bouncer.bot.name,
-                         message_id, exc)  # fmt: skip
-        await self.bouncer.posted(chat, message_id, text)
+        await count_sent(self.bouncer, d, chat, message_id, text, log)
 
 
 class _Counter(BaseRequestMiddleware):

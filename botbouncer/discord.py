@@ -55,9 +55,9 @@ import discord
 
 from adapters.common import clean
 from adapters.discord import PayloadError, from_payload
+from botbouncer._middleware import count_sent, release
 from botbouncer.bouncer import Bouncer
 from gateway.config import ConfigError
-from gateway.decide import SpentTicket, UnknownTicket
 from gateway.model import Action, ChatRef, Decision, Message
 from gateway.store import StoreError
 
@@ -216,7 +216,7 @@ class DiscordGuard:
                         "has lapsed", self.name, handling.decision.message_id,
                         self.bouncer.bot.ticket_seconds)  # fmt: skip
         if handling.sent == 0:
-            self._track(asyncio.ensure_future(self._release(handling.decision)))
+            self._track(asyncio.ensure_future(release(self.bouncer, handling.decision, log)))
 
     def _track(self, task: asyncio.Task[Any]) -> None:
         self._tasks.add(task)
@@ -236,18 +236,6 @@ class DiscordGuard:
             await channel.send(text, allowed_mentions=discord.AllowedMentions.none())
         except Exception as exc:  # discord.HTTPException mostly; never into discord.py
             log.warning("bot %s: posting the warning in %s failed: %s", self.name, chat.key, exc)
-
-    async def _release(self, d: Decision) -> None:
-        try:
-            await self.bouncer.release(d)
-        except (UnknownTicket, SpentTicket) as exc:  # lapsed (ticket_seconds) meanwhile
-            log.warning("bot %s: releasing the ticket of %s failed: %s", self.name,
-                        d.message_id, exc)  # fmt: skip
-        except StoreError as exc:
-            log.error("bot %s: releasing the ticket of %s failed: %s; its slot comes back "
-                      "when the ticket lapses", self.name, d.message_id, exc)  # fmt: skip
-        except Exception:
-            log.exception("bot %s: releasing the ticket of %s failed", self.name, d.message_id)
 
     def _scheduling(
         self,
@@ -294,18 +282,16 @@ class DiscordGuard:
                      self.name, chat)  # fmt: skip
             return
         message_id, text = str(sent["id"]), clean(sent.get("content"))
-        handling = _handling.get()
-        if handling is not None and handling.guard is self and handling.open:
+        handling, d = _handling.get(), None
+        if (
+            handling is not None
+            and handling.guard is self
+            and handling.open
+            and handling.decision.chat == chat
+        ):
             d = handling.decision
-            if d.chat == chat:
-                handling.sent += 1  # before any await: the release at the end sees it
-                try:
-                    await self.bouncer.sent(d, [message_id], [text])
-                    return
-                except (UnknownTicket, SpentTicket) as exc:  # lapsed: still a turn
-                    log.warning("bot %s: ticket of %s: %s; message %s counted on its own",
-                                self.name, d.message_id, exc, message_id)  # fmt: skip
-        await self.bouncer.posted(chat, message_id, text)
+            handling.sent += 1  # before any await: the release at the end sees it
+        await count_sent(self.bouncer, d, chat, message_id, text, log)
 
 
 def guard(client: discord.Client, bouncer: Bouncer, *, warnings: bool = True) -> DiscordGuard:

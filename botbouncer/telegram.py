@@ -49,9 +49,9 @@ from telegram.ext import Application, ApplicationHandlerStop, ContextTypes, Type
 
 from adapters.common import clean
 from adapters.telegram import Unreadable, chat_of, to_message
+from botbouncer._middleware import count_sent, release
 from botbouncer.bouncer import Bouncer
 from gateway.config import ConfigError
-from gateway.decide import SpentTicket, UnknownTicket
 from gateway.model import Action, ChatRef, Decision
 from gateway.store import StoreError
 
@@ -161,19 +161,7 @@ class TelegramGuard:
             d = handling.decision
             if d is not None and handling.sent == 0:
                 # also when cancelled (shutdown): the slot goes back regardless
-                await asyncio.shield(self._release(d))
-
-    async def _release(self, d: Decision) -> None:
-        try:
-            await self.bouncer.release(d)
-        except (UnknownTicket, SpentTicket) as exc:  # lapsed (ticket_seconds) meanwhile
-            log.warning("bot %s: releasing the ticket of %s failed: %s", self.name,
-                        d.message_id, exc)  # fmt: skip
-        except StoreError as exc:
-            log.error("bot %s: releasing the ticket of %s failed: %s; its slot comes back "
-                      "when the ticket lapses", self.name, d.message_id, exc)  # fmt: skip
-        except Exception:  # never into PTB's update fetcher
-            log.exception("bot %s: releasing the ticket of %s failed", self.name, d.message_id)
+                await asyncio.shield(release(self.bouncer, d, log))
 
     # -- deciding ----------------------------------------------------------------------
 
@@ -280,18 +268,17 @@ class TelegramGuard:
 
     async def _count(self, chat: str, message_id: str, text: str) -> None:
         await self._me()
-        handling = _handling.get()
-        if handling is not None and handling.guard is self and handling.open:
+        handling, d = _handling.get(), None
+        if (
+            handling is not None
+            and handling.guard is self
+            and handling.open
+            and handling.decision is not None
+            and handling.decision.chat == chat
+        ):
             d = handling.decision
-            if d is not None and d.chat == chat:
-                handling.sent += 1  # before any await: the release at the end sees it
-                try:
-                    await self.bouncer.sent(d, [message_id], [text])
-                    return
-                except (UnknownTicket, SpentTicket) as exc:  # lapsed: still a turn
-                    log.warning("bot %s: ticket of %s: %s; message %s counted on its own",
-                                self.name, d.message_id, exc, message_id)  # fmt: skip
-        await self.bouncer.posted(chat, message_id, text)
+            handling.sent += 1  # before any await: the release at the end sees it
+        await count_sent(self.bouncer, d, chat, message_id, text, log)
 
 
 def _named_chat(params: dict[str, Any]) -> str | None:

@@ -13,16 +13,10 @@ bots were given was fetched and each guard has nothing in flight
 from __future__ import annotations
 
 import asyncio
-import functools
-import importlib.util
 import logging
-import signal
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -38,29 +32,18 @@ from gateway.store.redis import RedisStore
 from tests.conftest import StoreFactory
 from tests.daemons import running
 from tests.decisions import Decisions
+from tests.examples import example, program, run_once
 from tests.fakes.telegram import FakeTelegram, SentMessage, aiogram_session
 from tests.redis_server import free_port
 
 pytestmark = pytest.mark.timeout(60)
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = ROOT / "docs" / "examples" / "aiogram_bot.py"
 ALICE = 1001
 ALPHA, BETA, CHATTY, FRONTED = 7001, 7002, 7003, 7004
 TOKENS = {ALPHA: "7001:alpha", BETA: "7002:beta", CHATTY: "7003:chatty", FRONTED: "7004:front"}
 NAMES = {ALPHA: "alpha", BETA: "beta", CHATTY: "chatty", FRONTED: "fronted"}
 GROUP = -1001500  # a forum supergroup
 WARNING = "Bot turn limit reached"
-
-
-@functools.cache
-def example() -> ModuleType:
-    """docs/examples/aiogram_bot.py, imported from its file (once)."""
-    spec = importlib.util.spec_from_file_location("aiogram_bot_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture
@@ -99,7 +82,7 @@ def chat(topic: int | None = None) -> str:
 def echo_bot(bouncer: Bouncer, *, warnings: bool = True) -> tuple[Dispatcher, AiogramGuard]:
     """aiogram's quickstart (greet on /start, echo every other message) with
     the guard: docs/examples/aiogram_bot.py's `build`. And its guard."""
-    dp: Dispatcher = example().build(bouncer, warnings=warnings)
+    dp: Dispatcher = example("aiogram_bot").build(bouncer, warnings=warnings)
     [guarded] = [m for m in dp.message.outer_middleware if isinstance(m, AiogramGuard)]
     return dp, guarded
 
@@ -457,11 +440,6 @@ bots:
 """
 
 
-def program_env(**env: str) -> dict[str, str]:
-    """The example's environment: nothing of the test run's but PATH."""
-    return {"PATH": "/usr/bin:/bin", **env}
-
-
 @pytest.mark.parametrize(
     ("env", "config", "says"),
     [
@@ -480,61 +458,9 @@ def test_the_example_refuses_a_missing_token_or_a_bad_config_in_one_line(
 ) -> None:
     """Exit 2 and one line on stderr that says what to change; the config is
     the default one, botbouncer.yml in the working directory."""
-    (tmp_path / "botbouncer.yml").write_text(config)
-    run = subprocess.run(
-        [sys.executable, str(EXAMPLE)], env=program_env(**env),
-        capture_output=True, text=True, timeout=30, cwd=tmp_path,
-    )  # fmt: skip
+    run = run_once("aiogram_bot", tmp_path, config, **env)
     assert run.returncode == 2, run.stderr
     assert run.stderr.splitlines() == [f"aiogram_bot.py: {says}"]
-
-
-class Program:
-    """A running example: its process, and once it ended, what it wrote."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.stdout = self.stderr = ""
-
-    async def polling(self, fake: FakeTelegram, user_id: int) -> None:
-        """Until it waits in a long poll as `user_id`; fails if it exits first."""
-        polls = asyncio.create_task(
-            fake.wait_until(lambda: fake.bot(user_id).polling > 0, 30, "the example polling")
-        )
-        exited = asyncio.create_task(self.proc.wait())
-        await asyncio.wait({polls, exited}, return_when=asyncio.FIRST_COMPLETED)
-        if exited.done():
-            polls.cancel()
-            assert self.proc.stderr is not None
-            err = (await self.proc.stderr.read()).decode()
-            raise AssertionError(f"the example exited with {self.proc.returncode}: {err}")
-        exited.cancel()
-        await polls
-
-
-@asynccontextmanager
-async def program(fake: FakeTelegram, tmp_path: Path, token: str) -> AsyncIterator[Program]:
-    """The example run as a program (`main`) on the fake, with ALPHA_DECIDES;
-    stopped with SIGINT at the end (unless it stopped itself)."""
-    (tmp_path / "botbouncer.yml").write_text(ALPHA_DECIDES)
-    env = program_env(TELEGRAM_TOKEN=token, TELEGRAM_API_BASE=fake.api_base)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(EXAMPLE), env=env, cwd=tmp_path,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    run = Program(proc)
-    try:
-        yield run
-    finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGINT)
-        try:
-            async with asyncio.timeout(20):
-                out, err = await proc.communicate()
-        except TimeoutError:
-            proc.kill()
-            out, err = await proc.communicate()
-        run.stdout, run.stderr = out.decode(), err.decode()
 
 
 async def test_the_example_runs_as_a_program_and_stops_on_sigint(
@@ -543,7 +469,7 @@ async def test_the_example_runs_as_a_program_and_stops_on_sigint(
     """`main` for real: the guard keeps a message that does not address alpha
     from the echo (respond_to: mentions, the default), the echo and the
     greeting answer the ones that do, and SIGINT stops it cleanly."""
-    async with program(fake, tmp_path, TOKENS[ALPHA]) as run:
+    async with program(fake, tmp_path, "aiogram_bot", ALPHA_DECIDES, TOKENS[ALPHA]) as run:
         await run.polling(fake, ALPHA)
         await fake.user_says(GROUP, ALICE, "not for you")
         await fake.user_says(GROUP, ALICE, "@alpha_bot hello")
@@ -563,7 +489,7 @@ async def test_the_example_runs_as_a_program_and_stops_on_sigint(
 async def test_the_example_says_so_when_telegram_refuses_the_token(
     fake: FakeTelegram, tmp_path: Path
 ) -> None:
-    async with program(fake, tmp_path, "1234:unknown") as run:
+    async with program(fake, tmp_path, "aiogram_bot", ALPHA_DECIDES, "1234:unknown") as run:
         async with asyncio.timeout(30):
             await run.proc.wait()
     assert run.proc.returncode == 2, run.stderr

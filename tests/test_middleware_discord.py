@@ -9,7 +9,6 @@ platform side through the fake's recorded messages: nothing sleeps.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import inspect
 import logging
 import subprocess
@@ -17,7 +16,6 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import discord
@@ -30,6 +28,7 @@ from gateway.store.redis import RedisStore
 from tests.conftest import StoreFactory
 from tests.daemons import running
 from tests.decisions import Decisions
+from tests.examples import EXAMPLES, example, program_env
 from tests.fakes.discord import (
     ALICE,
     BOT_A,
@@ -48,17 +47,8 @@ from tests.redis_server import free_port
 pytestmark = pytest.mark.timeout(60)
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = ROOT / "docs" / "examples" / "discord_bot.py"
+EXAMPLE = EXAMPLES / "discord_bot.py"
 WARNING = "Bot turn limit reached (4/4)"
-
-
-def example() -> ModuleType:
-    """docs/examples/discord_bot.py, imported from its file."""
-    spec = importlib.util.spec_from_file_location("discord_bot_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture
@@ -494,7 +484,7 @@ async def test_the_documented_example_answers_hello_under_the_guard(
     answered too, until the limit."""
     policy = {"turns": {"soft_limit": 2, "hard_limit": 3}, "rate_cap": {"max_replies": 1}}
     async with Bouncer(config("alpha", **policy), platform="discord") as bouncer:
-        client = example().build(bouncer)
+        client = example("discord_bot").build(bouncer)
         async with online((client, TOKEN_A)):
             said = await fake.user_says(GENERAL, ALICE, "$hello")
             [_, hello] = await fake.wait_for_messages(GENERAL, 2)
@@ -519,7 +509,7 @@ def test_the_example_refuses_a_missing_token_or_config_in_one_line(
     env: dict[str, str], says: str
 ) -> None:
     run = subprocess.run(
-        [sys.executable, str(EXAMPLE)], env={"PATH": "/usr/bin:/bin", **env},
+        [sys.executable, str(EXAMPLE)], env=program_env(**env),
         capture_output=True, text=True, timeout=60, cwd=ROOT,
     )  # fmt: skip
     assert run.returncode == 2, run.stderr

@@ -10,18 +10,12 @@ platform side through the fake's recorded sends: nothing sleeps.
 from __future__ import annotations
 
 import asyncio
-import functools
-import importlib.util
 import inspect
 import json
 import logging
-import signal
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -45,28 +39,17 @@ from gateway.store.redis import RedisStore
 from tests.conftest import StoreFactory
 from tests.daemons import running
 from tests.decisions import Decisions
+from tests.examples import example, program, run_once
 from tests.fakes.telegram import FakeTelegram, SentMessage, fast_request
 from tests.redis_server import free_port
 
 pytestmark = pytest.mark.timeout(60)
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = ROOT / "docs" / "examples" / "telegram_bot.py"
 ALICE = 1001
 ANN, BEN, ALPHA = 7101, 7102, 7001  # ann and ben are wrapped; alpha is fronted by the daemon
 TOKEN_ANN, TOKEN_BEN, TOKEN_ALPHA = "7101:ann-secret", "7102:ben-secret", "7001:alpha-secret"
 GROUP = -1001700  # a forum supergroup
 WARNING = "Bot turn limit reached (4/4)"
-
-
-@functools.cache
-def example() -> ModuleType:
-    """docs/examples/telegram_bot.py, imported from its file (once)."""
-    spec = importlib.util.spec_from_file_location("telegram_bot_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture
@@ -120,7 +103,7 @@ def echo_bot(
         .get_updates_request(fast_request())
         .concurrent_updates(concurrent)
     )
-    app: Application[Any, Any, Any, Any, Any, Any] = example().build(
+    app: Application[Any, Any, Any, Any, Any, Any] = example("telegram_bot").build(
         token, bouncer, builder, warnings=warnings
     )
     return app
@@ -468,7 +451,9 @@ async def test_a_bots_own_group_minus_1_handler_does_not_shadow_the_guard(
 
     policy = {"respond_to": "mentions", "rate_cap": {"max_replies": 1}}
     async with Bouncer(config("ann", **policy), platform="telegram") as bouncer:
-        app = bot_with(fake, TOKEN_ANN, bouncer, MessageHandler(filters.TEXT, example().echo))
+        app = bot_with(
+            fake, TOKEN_ANN, bouncer, MessageHandler(filters.TEXT, example("telegram_bot").echo)
+        )
         app.add_handler(TypeHandler(Update, allow), -1)
         async with polling(app):
             first = await fake.user_says(GROUP, ALICE, "@ann_bot one")
@@ -678,11 +663,6 @@ bots:
 """
 
 
-def program_env(**env: str) -> dict[str, str]:
-    """The example's environment: nothing of the test run's but PATH."""
-    return {"PATH": "/usr/bin:/bin", **env}
-
-
 @pytest.mark.parametrize(
     ("env", "config", "says"),
     [
@@ -701,61 +681,9 @@ def test_the_example_refuses_a_missing_token_or_a_bad_config_in_one_line(
 ) -> None:
     """Exit 2 and one line on stderr that says what to change; the config is
     the default one, botbouncer.yml in the working directory."""
-    (tmp_path / "botbouncer.yml").write_text(config)
-    run = subprocess.run(
-        [sys.executable, str(EXAMPLE)], env=program_env(**env),
-        capture_output=True, text=True, timeout=30, cwd=tmp_path,
-    )  # fmt: skip
+    run = run_once("telegram_bot", tmp_path, config, **env)
     assert run.returncode == 2, run.stderr
     assert run.stderr.splitlines() == [f"telegram_bot.py: {says}"]
-
-
-class Program:
-    """A running example: its process, and once it ended, what it logged."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.stderr = ""
-
-    async def polling(self, fake: FakeTelegram, user_id: int) -> None:
-        """Until it waits in a long poll as `user_id`; fails if it exits first."""
-        polls = asyncio.create_task(
-            fake.wait_until(lambda: fake.bot(user_id).polling > 0, 30, "the example polling")
-        )
-        exited = asyncio.create_task(self.proc.wait())
-        await asyncio.wait({polls, exited}, return_when=asyncio.FIRST_COMPLETED)
-        if exited.done():
-            polls.cancel()
-            assert self.proc.stderr is not None
-            err = (await self.proc.stderr.read()).decode()
-            raise AssertionError(f"the example exited with {self.proc.returncode}: {err}")
-        exited.cancel()
-        await polls
-
-
-@asynccontextmanager
-async def program(fake: FakeTelegram, tmp_path: Path, token: str) -> AsyncIterator[Program]:
-    """The example run as a program (`main`) on the fake, with ANN_DECIDES;
-    stopped with SIGINT at the end (unless it stopped itself)."""
-    (tmp_path / "botbouncer.yml").write_text(ANN_DECIDES)
-    env = program_env(TELEGRAM_TOKEN=token, TELEGRAM_API_BASE=fake.api_base)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(EXAMPLE), env=env, cwd=tmp_path,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    run = Program(proc)
-    try:
-        yield run
-    finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGINT)
-        try:
-            async with asyncio.timeout(20):
-                _, err = await proc.communicate()
-        except TimeoutError:
-            proc.kill()
-            _, err = await proc.communicate()
-        run.stderr = err.decode()
 
 
 async def test_the_example_runs_as_a_program_and_stops_on_sigint(
@@ -765,7 +693,7 @@ async def test_the_example_runs_as_a_program_and_stops_on_sigint(
     from the echo (respond_to: mentions, the default), the echo answers the
     one that does, and SIGINT stops it cleanly (post_shutdown closes the
     Bouncer)."""
-    async with program(fake, tmp_path, TOKEN_ANN) as run:
+    async with program(fake, tmp_path, "telegram_bot", ANN_DECIDES, TOKEN_ANN) as run:
         await run.polling(fake, ANN)
         await fake.user_says(GROUP, ALICE, "not for you")
         said = await fake.user_says(GROUP, ALICE, "@ann_bot hello")
@@ -783,7 +711,7 @@ async def test_the_example_says_so_when_telegram_refuses_the_token(
 ) -> None:
     """Exit 2, its last line naming TELEGRAM_TOKEN (PTB logs the getMe that
     failed, with its traceback, as an ERROR before it)."""
-    async with program(fake, tmp_path, "1234:unknown") as run:
+    async with program(fake, tmp_path, "telegram_bot", ANN_DECIDES, "1234:unknown") as run:
         async with asyncio.timeout(30):
             await run.proc.wait()
     assert run.proc.returncode == 2, run.stderr
