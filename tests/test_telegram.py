@@ -463,3 +463,29 @@ def test_the_send_rate_limits_come_from_the_config(fake: FakeTelegram, redis_url
             overall,
             group,
         )
+
+
+async def test_httpcore_finds_sniffio_so_no_request_repeats_a_failing_import(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """httpcore (under PTB's httpx) asks sniffio which event loop runs on every
+    request, and falls back to asyncio when `import sniffio` fails, after
+    searching sys.path again each time: 5-7 % of a Telegram daemon's CPU.
+    The telegram extra installs it; httpx and anyio no longer do."""
+    import builtins
+
+    from httpcore._synchronization import current_async_library
+
+    failed: list[str] = []
+    real_import = builtins.__import__
+
+    def spying(name: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return real_import(name, *args, **kwargs)
+        except ImportError:
+            failed.append(name)
+            raise
+
+    monkeypatch.setattr(builtins, "__import__", spying)
+    assert [current_async_library() for _ in range(3)] == ["asyncio"] * 3
+    assert failed == []
