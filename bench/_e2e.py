@@ -29,6 +29,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 MESSAGES = int(os.environ.get("E2E_MESSAGES", "1500"))
 WINDOW = int(os.environ.get("E2E_WINDOW", "32"))
@@ -43,6 +44,9 @@ class Run:
     messages: int
     seconds: float
     latencies: list[float]  # seconds, one per message
+    # CPU ms per message of the contestant's own processes (the bot, and its
+    # Redis when it has one), when the benchmark can read it
+    cpu_ms: float | None = None
 
     @property
     def throughput(self) -> float:
@@ -125,6 +129,15 @@ async def drive(
         gc.enable()
 
 
+def process_cpu(pid: int) -> float | None:
+    """CPU seconds (user + system) a child has used, from /proc (Linux); None elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def stop(procs: list[subprocess.Popen[bytes]], name: str, wait: float = 10.0) -> None:
     """SIGTERM each contestant, wait up to `wait` s, then SIGKILL; say so when
     one did not exit 0."""
@@ -144,8 +157,21 @@ def stop(procs: list[subprocess.Popen[bytes]], name: str, wait: float = 10.0) ->
 
 
 def _row(r: Run) -> str:
+    cpu = "" if r.cpu_ms is None else f"{r.cpu_ms:>9.2f}"
     return (f"{r.label:<12}{r.throughput:>10.0f}{r.percentile(50) * 1000:>10.1f}"
-            f"{r.percentile(99) * 1000:>10.1f}")  # fmt: skip
+            f"{r.percentile(99) * 1000:>10.1f}{cpu}")  # fmt: skip
+
+
+def _ratios(x: Run, y: Run) -> dict[str, float]:
+    """One round's b/a: throughput, p50, p99 and, where both were read, CPU."""
+    out = {
+        "throughput": y.throughput / x.throughput,
+        "p50": y.percentile(50) / x.percentile(50),
+        "p99": y.percentile(99) / x.percentile(99),
+    }
+    if x.cpu_ms and y.cpu_ms is not None:
+        out["cpu"] = y.cpu_ms / x.cpu_ms
+    return out
 
 
 async def alternate(
@@ -154,7 +180,7 @@ async def alternate(
     rounds: int = ROUNDS,
 ) -> tuple[list[Run], list[Run]]:
     """A warm-up run of each, then a, b, a, b, ... `rounds` times each."""
-    print(f"{'run':<12}{'msgs/s':>10}{'p50 ms':>10}{'p99 ms':>10}", flush=True)
+    print(f"{'run':<12}{'msgs/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'CPU ms':>9}", flush=True)
     for warm in (await run_a(), await run_b()):
         print(_row(warm) + "  (warm-up, not counted)", flush=True)
     a: list[Run] = []
@@ -163,31 +189,37 @@ async def alternate(
         a.append(await run_a())
         print(_row(a[-1]), flush=True)
         b.append(await run_b())
-        t, p = b[-1].throughput / a[-1].throughput, b[-1].percentile(99) / a[-1].percentile(99)
-        print(f"{_row(b[-1])}  b/a {t:.3f}, p99 {p:.3f}", flush=True)
+        said = ", ".join(f"{k} {v:.3f}" for k, v in _ratios(a[-1], b[-1]).items())
+        print(f"{_row(b[-1])}  b/a {said}", flush=True)
     return a, b
 
 
 def report(a: list[Run], b: list[Run], throughput_target: float = THROUGHPUT_TARGET) -> str:
-    """The medians, the verdicts, and the machine-readable last line."""
-    ta = statistics.median(r.throughput for r in a)
-    tb = statistics.median(r.throughput for r in b)
-    pa = statistics.median(r.percentile(99) for r in a)
-    pb = statistics.median(r.percentile(99) for r in b)
-    p50a = statistics.median(r.percentile(50) for r in a)
-    p50b = statistics.median(r.percentile(50) for r in b)
+    """The medians, the verdicts, and the machine-readable last line:
+    `throughput_ratio=<b/a> p99_ratio=<b/a> p50_ratio=<b/a>[ cpu_ratio=<b/a>]`,
+    each the median of the rounds' ratios. CPU ms is the contestant's own
+    processes' (the bot, and its Redis), per message."""
     print()
-    print(f"medians over {len(a)} rounds: a {ta:.0f} msgs/s, p50 {p50a * 1000:.1f} ms, "
-          f"p99 {pa * 1000:.1f} ms; b {tb:.0f} msgs/s, p50 {p50b * 1000:.1f} ms, "
-          f"p99 {pb * 1000:.1f} ms")  # fmt: skip
-    t_ratio = statistics.median(y.throughput / x.throughput for x, y in zip(a, b, strict=True))
-    p_ratio = statistics.median(
-        y.percentile(99) / x.percentile(99) for x, y in zip(a, b, strict=True)
-    )
-    print(f"medians of the {len(a)} rounds' b/a: throughput {t_ratio:.3f}, p99 {p_ratio:.3f}")
+    for who, runs in (("a", a), ("b", b)):
+        cpus = [r.cpu_ms for r in runs if r.cpu_ms is not None]
+        cpu = f", CPU {statistics.median(cpus):.2f} ms/msg" if cpus else ""
+        p50 = statistics.median(r.percentile(50) for r in runs) * 1000
+        p99 = statistics.median(r.percentile(99) for r in runs) * 1000
+        print(f"medians over {len(runs)} rounds, {who}: "
+              f"{statistics.median(r.throughput for r in runs):.0f} msgs/s, "
+              f"p50 {p50:.1f} ms, p99 {p99:.1f} ms{cpu}")  # fmt: skip
+    rounds = [_ratios(x, y) for x, y in zip(a, b, strict=True)]
+    medians = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]
+               if all(k in r for r in rounds)}  # fmt: skip
+    said = ", ".join(f"{k} {v:.3f}" for k, v in medians.items())
+    print(f"medians of the {len(a)} rounds' b/a: {said}")
+    t_ratio, p_ratio = medians["throughput"], medians["p99"]
     t_ok, p_ok = t_ratio >= throughput_target, p_ratio <= P99_TARGET
     print(f"throughput b/a {t_ratio:.3f} (target >= {throughput_target}): "
           f"{'PASS' if t_ok else 'MISS'}")  # fmt: skip
     print(f"p99 latency b/a {p_ratio:.3f} (target <= {P99_TARGET}): "
           f"{'PASS' if p_ok else 'MISS'}")  # fmt: skip
-    return f"throughput_ratio={t_ratio:.3f} p99_ratio={p_ratio:.3f}"
+    last = f"throughput_ratio={t_ratio:.3f} p99_ratio={p_ratio:.3f} p50_ratio={medians['p50']:.3f}"
+    if "cpu" in medians:
+        last += f" cpu_ratio={medians['cpu']:.3f}"
+    return last

@@ -66,6 +66,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -73,7 +74,18 @@ import aiohttp
 import discord
 import redis.asyncio as aioredis
 import yaml
-from _e2e import MESSAGES, ROUNDS, WINDOW, Replies, Run, alternate, drive, report, stop
+from _e2e import (
+    MESSAGES,
+    ROUNDS,
+    WINDOW,
+    Replies,
+    Run,
+    alternate,
+    drive,
+    process_cpu,
+    report,
+    stop,
+)
 from _redis import ROOT, delete_matching, main_on_redis, redis_version
 
 sys.path.insert(0, str(ROOT))  # tests.fakes: the repo root is not on sys.path for bench/
@@ -175,15 +187,6 @@ def tail(path: Path, lines: int = 8) -> str:
     except OSError:
         return "(no log)"
     return "\n".join("    " + line for line in text[-lines:]) or "    (empty log)"
-
-
-def process_cpu(pid: int) -> float | None:
-    """CPU seconds (user + system) a child has used, from /proc (Linux); None elsewhere."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def lines(path: Path) -> int:
@@ -292,8 +295,10 @@ class Contestant:
             drive(self.label, self.inject, self.replies), f"run {self.run_no}", QUIET
         )
         after = await self.cpu_now()
-        self.cpu.append({k: (after[k] - before[k]) * 1000 / run.messages for k in after})
-        return run
+        per = {k: (after[k] - before[k]) * 1000 / run.messages for k in after}
+        self.cpu.append(per)
+        own = [per[k] for k in ("bot", "redis") if k in per]
+        return replace(run, cpu_ms=sum(own)) if "bot" in per else run
 
     def cpu_line(self) -> str:
         """Median CPU ms per message over the counted runs (the first is the warm-up)."""

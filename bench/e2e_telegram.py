@@ -47,15 +47,28 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for `tests`
 
 import aiohttp
+import redis.asyncio as aioredis
 import telegram
 import yaml
-from _e2e import MESSAGES, ROUNDS, WINDOW, Replies, Run, alternate, drive, report, stop
+from _e2e import (
+    MESSAGES,
+    ROUNDS,
+    WINDOW,
+    Replies,
+    Run,
+    alternate,
+    drive,
+    process_cpu,
+    report,
+    stop,
+)
 from _redis import delete_matching, main_on_redis, redis_version
 
 from adapters.telegram import CONCURRENT_UPDATES
@@ -108,6 +121,7 @@ class Contestant:
         self.fake = BenchTelegram(self.replies)
         self.proc: subprocess.Popen[bytes] | None = None
         self.health: str | None = None  # b: its /healthz
+        self.redis: aioredis.Redis | None = None  # b: its store, whose CPU counts too
         self.runs = 0
 
     async def start_fake(self) -> None:
@@ -166,7 +180,24 @@ class Contestant:
                                   f"@{BOT_USERNAME} {key}")  # fmt: skip
         return key
 
+    async def cpu_now(self) -> float | None:
+        """CPU seconds its process (and, for b, its Redis) used so far."""
+        used = None if self.proc is None else process_cpu(self.proc.pid)
+        if used is not None and self.redis is not None:
+            info = await self.redis.info("cpu")
+            used += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+        return used
+
     async def run(self) -> Run:
+        """One drive(), watched, with the CPU it cost per message."""
+        before = await self.cpu_now()
+        run = await self._run()
+        after = await self.cpu_now()
+        if before is None or after is None:
+            return run
+        return replace(run, cpu_ms=(after - before) * 1000 / run.messages)
+
+    async def _run(self) -> Run:
         """One drive(), watched: a contestant that exits, or answers nothing for
         STALL_S while messages wait, fails the benchmark with its log."""
         self.runs += 1
@@ -249,6 +280,8 @@ async def measure(redis_url: str, private: bool) -> str:
             config.write_text(daemon_config(redis_url, port, b.fake.api_base, b.token))
             b.health = f"http://127.0.0.1:{port}/healthz"
             b.spawn([sys.executable, "-m", "gateway", "run", "-c", str(config)])
+            if private:  # a shared server's CPU is other clients' too
+                b.redis = aioredis.from_url(redis_url)
             async with aiohttp.ClientSession() as http:
                 await asyncio.gather(a.ready(http), b.ready(http))
             where = "private redis-server" if private else redis_url
@@ -269,6 +302,8 @@ async def measure(redis_url: str, private: bool) -> str:
             return last
         finally:
             await asyncio.gather(a.stop(), b.stop())
+            if b.redis is not None:
+                await b.redis.aclose()
             if not private:
                 await forget_chats(redis_url)
 
