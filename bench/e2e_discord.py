@@ -102,6 +102,8 @@ from tests.redis_server import free_port
 T = TypeVar("T")
 
 NAME = "e2e_discord"
+# The stores botbouncer runs on, one measurement each (redis first)
+STORES = [s for s in os.environ.get("E2E_STORES", "redis,memory").split(",") if s]
 HERE = Path(__file__).resolve().parent
 CHANNELS = 50
 HUMANS = 5
@@ -331,20 +333,33 @@ def daemon_config(workdir: Path, redis_url: str, api_base: str, port: int) -> Pa
     return path
 
 
-async def measure(url: str, private: bool) -> str:
+async def measure_stores(url: str, private: bool) -> str:
+    """One invocation per store in E2E_STORES; the last line is Redis's keys,
+    then the memory store's, prefixed `memory_`."""
+    lines = []
+    for store in STORES:
+        print(f"== botbouncer's store: {store} ==", flush=True)
+        last = await measure(url, private, store)
+        print(flush=True)
+        lines.append(last if store == "redis" else " ".join(f"{store}_{kv}" for kv in last.split()))
+    return " ".join(lines)
+
+
+async def measure(url: str, private: bool, store_kind: str = "redis") -> str:
     workdir = Path(tempfile.mkdtemp(prefix="bb-e2e-discord-"))
     base = snowflake_base()
     channel_ids = [base + n for n in range(CHANNELS)]
     bare = Contestant("a bare", workdir, channel_ids)
     bb = Contestant("b botbouncer", workdir, channel_ids)
-    bb.redis = store = aioredis.from_url(url)
+    on_redis = store_kind == "redis"
+    bb.redis = store = aioredis.from_url(url) if on_redis else None
     procs: list[subprocess.Popen[bytes]] = []
     ok = False
     try:
         for c in (bare, bb):
             await c.fake.start()
         port = free_port()
-        config = daemon_config(workdir, url, bb.fake.api_base, port)
+        config = daemon_config(workdir, url if on_redis else "memory://", bb.fake.api_base, port)
         bare.proc = spawn([sys.executable, str(HERE / "_bare_discord.py"), bare.fake.api_base,
                            bare.fake.gateway_url, TOKEN], bare.log)  # fmt: skip
         bb.proc = spawn([sys.executable, "-m", "gateway", "run", "-c", str(config)], bb.log)
@@ -353,8 +368,9 @@ async def measure(url: str, private: bool) -> str:
         print(f"fake Discord in this process, one per contestant; {CHANNELS} channels, "
               f"{HUMANS} humans; every message mentions the bot")  # fmt: skip
         print(f"a: bench/_bare_discord.py (discord.py {discord.__version__} Client, echo)")
+        on = f"Redis {await redis_version(url)} on {where}" if on_redis else "memory://"
         print(f"b: python -m gateway run (discord.py {discord.__version__}, echo backend, "
-              f"Redis {await redis_version(url)} on {where}, INFO log to a file)")  # fmt: skip
+              f"{on}, INFO log to a file)")  # fmt: skip
         print(
             f"{MESSAGES} messages per run, {WINDOW} in flight, {ROUNDS} rounds after a "
             f"warm-up; Python {platform.python_version()}, {os.cpu_count()} CPUs",
@@ -375,10 +391,11 @@ async def measure(url: str, private: bool) -> str:
         return last
     finally:
         stop(procs, NAME)
-        await store.aclose()
+        if store is not None:
+            await store.aclose()
         for c in (bare, bb):
             await c.fake.close()
-        if not private:
+        if on_redis and not private:
             await delete_matching(url, *(f"bb:{{discord:{c}}}:*" for c in channel_ids))
         if ok:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -388,7 +405,7 @@ async def measure(url: str, private: bool) -> str:
 
 def main() -> int:
     try:
-        return main_on_redis(NAME, measure)
+        return main_on_redis(NAME, measure_stores)
     except Unmeasurable as exc:
         print(f"{NAME}: cannot measure: {exc}", file=sys.stderr)
         return 2

@@ -83,6 +83,8 @@ CHAT_BASE = -1008800000000  # chat k is CHAT_BASE - k
 USER_BASE = 880001
 BOT_ID = 8800
 NAME = "e2e_telegram"
+# The stores botbouncer runs on, one measurement each (redis first)
+STORES = [s for s in os.environ.get("E2E_STORES", "redis,memory").split(",") if s]
 BOT_USERNAME = "bench_bot"
 MAX_REPLIES = 1_000_000  # the config's upper bound: the rate cap never bites
 READY_S = 60.0  # start-up of a contestant, until it long-polls (and is healthy)
@@ -262,9 +264,22 @@ def problems(c: Contestant) -> list[str]:
     return [line for line in lines if " WARNING " in line or " ERROR " in line]
 
 
-async def measure(redis_url: str, private: bool) -> str:
+async def measure_stores(redis_url: str, private: bool) -> str:
+    """One invocation per store in E2E_STORES; the last line is Redis's keys,
+    then the memory store's, prefixed `memory_`."""
+    lines = []
+    for store in STORES:
+        print(f"== botbouncer's store: {store} ==", flush=True)
+        last = await measure(redis_url, private, store)
+        print(flush=True)
+        lines.append(last if store == "redis" else " ".join(f"{store}_{kv}" for kv in last.split()))
+    return " ".join(lines)
+
+
+async def measure(redis_url: str, private: bool, store_kind: str = "redis") -> str:
+    on_redis = store_kind == "redis"
     version = await redis_version(redis_url)
-    if not private:
+    if on_redis and not private:
         await forget_chats(redis_url)
     with tempfile.TemporaryDirectory(prefix="bb-e2e-tg-") as tmp:
         logs = Path(tmp)
@@ -277,19 +292,21 @@ async def measure(redis_url: str, private: bool) -> str:
                      a.fake.api_base, str(CONCURRENT_UPDATES)])  # fmt: skip
             port = free_port()
             config = logs / "botbouncer.yml"
-            config.write_text(daemon_config(redis_url, port, b.fake.api_base, b.token))
+            store_url = redis_url if on_redis else "memory://"
+            config.write_text(daemon_config(store_url, port, b.fake.api_base, b.token))
             b.health = f"http://127.0.0.1:{port}/healthz"
             b.spawn([sys.executable, "-m", "gateway", "run", "-c", str(config)])
-            if private:  # a shared server's CPU is other clients' too
+            if on_redis and private:  # a shared server's CPU is other clients' too
                 b.redis = aioredis.from_url(redis_url)
             async with aiohttp.ClientSession() as http:
                 await asyncio.gather(a.ready(http), b.ready(http))
             where = "private redis-server" if private else redis_url
-            print(f"python-telegram-bot {telegram.__version__}, Redis {version} ({where}); "
+            on = f"Redis {version} ({where})" if on_redis else "memory://"
+            print(f"python-telegram-bot {telegram.__version__}, botbouncer on {on}; "
                   f"{MESSAGES} messages a run, {WINDOW} in flight, {ROUNDS} rounds after a "
                   f"warm-up; {CHATS} group chats, {USERS} people; concurrent_updates "
                   f"{CONCURRENT_UPDATES} on both; {os.cpu_count()} CPUs")  # fmt: skip
-            print("a: bare PTB echo bot; b: botbouncer daemon, echo backend, Redis store, "
+            print(f"a: bare PTB echo bot; b: botbouncer daemon, echo backend, {store_kind} store, "
                   "INFO decision log on", flush=True)  # fmt: skip
             runs_a, runs_b = await alternate(a.run, b.run)
             last = report(runs_a, runs_b)
@@ -304,13 +321,13 @@ async def measure(redis_url: str, private: bool) -> str:
             await asyncio.gather(a.stop(), b.stop())
             if b.redis is not None:
                 await b.redis.aclose()
-            if not private:
+            if on_redis and not private:
                 await forget_chats(redis_url)
 
 
 def main() -> int:
     try:
-        return main_on_redis(NAME, measure)  # prints the last line
+        return main_on_redis(NAME, measure_stores)  # prints the last line
     except Failed as exc:
         print(f"{NAME}: could not measure: {exc}", file=sys.stderr)
         return 2
