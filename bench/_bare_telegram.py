@@ -2,12 +2,14 @@
 
     python bench/_bare_telegram.py TOKEN API_BASE CONCURRENT_UPDATES
 
-PTB's own echo example, pointed at `API_BASE` (the benchmark's fake Bot API):
+PTB's own echo example (docs.python-telegram-bot.org, Examples, echobot.py),
+pointed at `API_BASE` (the benchmark's fake Bot API):
 a MessageHandler for text that is not a command, answering with
 `message.reply_text(text)` (in a group: a reply to the message, as
 botbouncer's adapter answers), long polling with PTB's defaults (`run_polling`:
-timeout 10 s, no poll interval). `CONCURRENT_UPDATES` is botbouncer's
-adapter's value, so both handle as many updates at once; there is no rate
+timeout 10 s, no poll interval). `CONCURRENT_UPDATES` 0 leaves it as the
+example has it (no `concurrent_updates` call: one update at a time);
+another number is handed to `concurrent_updates`. There is no rate
 limiter (the benchmark lifts botbouncer's). Logging as in PTB's examples: INFO,
 with httpx's line per request silenced, so nothing is written per message.
 SIGTERM stops it (run_polling's default stop signals).
@@ -33,14 +35,15 @@ def main() -> None:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         level=logging.INFO)  # fmt: skip
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    app = (
+    builder = (
         Application.builder()
         .token(token)
         .base_url(f"{api_base}/bot")
         .base_file_url(f"{api_base}/file/bot")
-        .concurrent_updates(concurrent)
-        .build()
     )
+    if concurrent:
+        builder = builder.concurrent_updates(concurrent)
+    app = builder.build()
     app.add_handler(MessageHandler(filters.TEXT & ~filters.COMMAND, echo))
     app.run_polling(allowed_updates=[Update.MESSAGE])
 

@@ -9,8 +9,10 @@ runs (start-up is not measured):
   that answers `message.reply_text(text)` (a reply to the message in a group,
   as botbouncer's adapter answers: a send_message with reply_parameters),
   long polling with `run_polling`'s defaults, which are the adapter's too
-  (timeout 10 s, no interval), `concurrent_updates` set to the adapter's
-  CONCURRENT_UPDATES, no rate limiter, nothing logged per message.
+  (timeout 10 s, no interval), no rate limiter, nothing logged per message.
+  E2E_BARE picks its concurrency: `example` (the default) leaves it as the
+  example is written, one update at a time; `adapter` sets
+  `concurrent_updates` to the adapter's CONCURRENT_UPDATES.
 - b: the real daemon, `python -m gateway run -c <config>`: one Telegram bot in
   polling mode, the echo backend, the store on a real Redis (a private
   redis-server, or REDIS_URL), the rate cap lifted (max_replies 1,000,000, so
@@ -83,6 +85,11 @@ CHAT_BASE = -1008800000000  # chat k is CHAT_BASE - k
 USER_BASE = 880001
 BOT_ID = 8800
 NAME = "e2e_telegram"
+# a's concurrency: PTB's example as written (one update at a time) or the adapter's
+BARE = os.environ.get("E2E_BARE", "example")
+if BARE not in ("example", "adapter"):
+    raise SystemExit(f"E2E_BARE={BARE!r}: must be 'example' or 'adapter'")
+BARE_CONCURRENCY = CONCURRENT_UPDATES if BARE == "adapter" else 0
 # The stores botbouncer runs on, one measurement each (redis first)
 STORES = [s for s in os.environ.get("E2E_STORES", "redis,memory").split(",") if s]
 BOT_USERNAME = "bench_bot"
@@ -289,7 +296,7 @@ async def measure(redis_url: str, private: bool, store_kind: str = "redis") -> s
             for c in (a, b):
                 await c.start_fake()
             a.spawn([sys.executable, str(HERE / "_bare_telegram.py"), a.token,
-                     a.fake.api_base, str(CONCURRENT_UPDATES)])  # fmt: skip
+                     a.fake.api_base, str(BARE_CONCURRENCY)])  # fmt: skip
             port = free_port()
             config = logs / "botbouncer.yml"
             store_url = redis_url if on_redis else "memory://"
@@ -305,7 +312,8 @@ async def measure(redis_url: str, private: bool, store_kind: str = "redis") -> s
             print(f"python-telegram-bot {telegram.__version__}, botbouncer on {on}; "
                   f"{MESSAGES} messages a run, {WINDOW} in flight, {ROUNDS} rounds after a "
                   f"warm-up; {CHATS} group chats, {USERS} people; concurrent_updates "
-                  f"{CONCURRENT_UPDATES} on both; {os.cpu_count()} CPUs")  # fmt: skip
+                  f"{CONCURRENT_UPDATES} in b, {BARE_CONCURRENCY or 'none (one at a time)'} "
+                  f"in a; {os.cpu_count()} CPUs")  # fmt: skip
             print(f"a: bare PTB echo bot; b: botbouncer daemon, echo backend, {store_kind} store, "
                   "INFO decision log on", flush=True)  # fmt: skip
             runs_a, runs_b = await alternate(a.run, b.run)
