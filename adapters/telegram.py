@@ -40,6 +40,7 @@ from telegram.warnings import PTBDeprecationWarning
 
 from adapters.common import (
     SendFailed,
+    WorkSlots,
     clean,
     deliver,
     handle_event,
@@ -67,6 +68,9 @@ MESSAGE_LIMIT = 4096  # UTF-16 code units
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 ALLOWED_UPDATES = ["message"]  # edits, reactions, channel posts: not conversation turns
 CONCURRENT_UPDATES = 256
+# Messages worked on at once (decided, sent, counted); one waiting on the
+# classifier or the backend gives its place up (adapters.common.WorkSlots).
+WORKING = 8
 SEND_RETRIES = 2  # after a 429 (nothing was delivered), PTB's limiter waits and retries
 COMMAND_PREFIX = "bouncer_"
 COMMANDS = {
@@ -373,6 +377,7 @@ class TelegramAdapter:
         self.app.add_handler(TypeHandler(Update, self._on_update))
         self.app.add_error_handler(self._on_error)
         self.me: User | None = None
+        self._slots = WorkSlots(WORKING)
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -513,13 +518,16 @@ class TelegramAdapter:
         if command is not None:
             await self._admin(m, msg, command)
             return
-        d = await self.gateway.handle(
-            msg, busy=lambda: typing_beside(lambda: self._typing(m), f"chat {msg.chat.id}")
-        )
-        if d.action is Action.REPLY and d.replies:
-            await self._post(m, d, list(d.replies), reply=True)
-        elif d.action is Action.WARN and d.warning:
-            await self._post(m, d, [d.warning], reply=False, warning=True)
+        async with self._slots.working() as slot:
+            d = await self.gateway.handle(
+                msg,
+                busy=lambda: typing_beside(lambda: self._typing(m), f"chat {msg.chat.id}"),
+                waiting=slot.waiting,
+            )
+            if d.action is Action.REPLY and d.replies:
+                await self._post(m, d, list(d.replies), reply=True)
+            elif d.action is Action.WARN and d.warning:
+                await self._post(m, d, [d.warning], reply=False, warning=True)
 
     # -- sending ------------------------------------------------------------------
 

@@ -64,17 +64,26 @@ async def long_reply(msg: Message) -> str:
 
 
 GATE: asyncio.Event | None = None
+# The messages `gated` is working on, in the order they reached it
+ENTERED: asyncio.Queue[Message] | None = None
 
 
 def new_gate() -> asyncio.Event:
-    """A fresh gate for `gated` in this test's event loop."""
-    global GATE
+    """A fresh gate for `gated` in this test's event loop (and a fresh ENTERED)."""
+    global GATE, ENTERED
     GATE = asyncio.Event()
+    ENTERED = asyncio.Queue()
     return GATE
+
+
+def entered() -> asyncio.Queue[Message]:
+    assert ENTERED is not None, "call new_gate() first"
+    return ENTERED
 
 
 async def gated(msg: Message) -> str:
     """Answers once the test opens the gate: a backend that is still working."""
     assert GATE is not None, "call new_gate() first"
+    entered().put_nowait(msg)
     await GATE.wait()
     return "worked on it"

@@ -489,3 +489,29 @@ async def test_httpcore_finds_sniffio_so_no_request_repeats_a_failing_import(
     monkeypatch.setattr(builtins, "__import__", spying)
     assert [current_async_library() for _ in range(3)] == ["asyncio"] * 3
     assert failed == []
+
+
+async def test_messages_waiting_on_the_backend_hold_no_place_so_other_chats_go_on(
+    fake: FakeTelegram, run: Callable[..., Any]
+) -> None:
+    """The adapter works on WORKING messages at once, but one waiting on its
+    backend gives its place up: twice as many chats as places, each with a
+    question the backend is still working on, all reach the backend, and all
+    are answered once it answers."""
+    from adapters.telegram import WORKING
+
+    gate = sample_backends.new_gate()
+    backend = {"type": "python", "callable": "tests.sample_backends:gated"}
+    chats = 2 * WORKING
+    async with run(bot("alpha", TOKEN_A, fake, backend=backend)):
+        topics = [fake.create_topic(GROUP, ALICE, f"topic {n}") for n in range(chats)]
+        for topic in topics:
+            await fake.user_says(GROUP, ALICE, "@alpha_bot think hard", thread_id=topic)
+        reached = []
+        async with asyncio.timeout(10):
+            for _ in topics:
+                reached.append(await sample_backends.entered().get())
+        assert len({m.chat.key for m in reached}) == chats
+        gate.set()
+        sent = await fake.wait_sent(chats, chat_id=GROUP)
+        assert sorted(s.thread_id or 0 for s in sent) == sorted(topics)
