@@ -2,9 +2,11 @@
 
     python bench/_bare_discord.py API_BASE GATEWAY_URL TOKEN [BOTBOUNCER_CONFIG | REDIS_URL]
 
-A `discord.Client` with the default intents plus message_content that answers
-every message not written by a bot (itself included) with its own text, as a
-reply to it (`message.reply`): what botbouncer posts, so both contestants ask
+discord.py's "A Minimal Bot" (discordpy.readthedocs.io, Quickstart) with one
+change: it answers every message, not only "$hello". A `discord.Client` with
+the default intents plus message_content that answers every message not
+written by a bot (itself included) with its own text, as a reply to it
+(`message.reply`): what botbouncer posts, so both contestants ask
 the same of the platform (a reply carries a message reference, and its echo
 the message it answers), as the Telegram bare bot's `reply_text` does. It is
 pointed at a fake Discord the way `pointed_at` of tests/fakes/discord/ does
