@@ -27,13 +27,16 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 MESSAGES = int(os.environ.get("E2E_MESSAGES", "1500"))
 WINDOW = int(os.environ.get("E2E_WINDOW", "32"))
 ROUNDS = int(os.environ.get("E2E_ROUNDS", "5"))
+# The stores botbouncer runs on, one measurement each (redis first)
+STORES = [s for s in os.environ.get("E2E_STORES", "redis,memory").split(",") if s]
 THROUGHPUT_TARGET = 0.8  # b/a at least
 P99_TARGET = 1.25  # b/a at most
 
@@ -223,3 +226,23 @@ def report(a: list[Run], b: list[Run], throughput_target: float = THROUGHPUT_TAR
     if "cpu" in medians:
         last += f" cpu_ratio={medians['cpu']:.3f}"
     return last
+
+
+Measure = Callable[[str, bool, str], Coroutine[Any, Any, str]]
+
+
+def on_each_store(measure: Measure) -> Callable[[str, bool], Coroutine[Any, Any, str]]:
+    """`measure(url, private, store)` once per store in E2E_STORES; the last
+    line is Redis's keys, then the memory store's, prefixed `memory_`."""
+
+    async def measure_stores(url: str, private: bool) -> str:
+        lines = []
+        for store in STORES:
+            print(f"== botbouncer's store: {store} ==", flush=True)
+            last = await measure(url, private, store)
+            print(flush=True)
+            keys = last.split()
+            lines.append(last if store == "redis" else " ".join(f"{store}_{k}" for k in keys))
+        return " ".join(lines)
+
+    return measure_stores

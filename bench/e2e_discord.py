@@ -82,6 +82,7 @@ from _e2e import (
     Run,
     alternate,
     drive,
+    on_each_store,
     process_cpu,
     report,
     stop,
@@ -102,8 +103,6 @@ from tests.redis_server import free_port
 T = TypeVar("T")
 
 NAME = "e2e_discord"
-# The stores botbouncer runs on, one measurement each (redis first)
-STORES = [s for s in os.environ.get("E2E_STORES", "redis,memory").split(",") if s]
 HERE = Path(__file__).resolve().parent
 CHANNELS = 50
 HUMANS = 5
@@ -333,18 +332,6 @@ def daemon_config(workdir: Path, redis_url: str, api_base: str, port: int) -> Pa
     return path
 
 
-async def measure_stores(url: str, private: bool) -> str:
-    """One invocation per store in E2E_STORES; the last line is Redis's keys,
-    then the memory store's, prefixed `memory_`."""
-    lines = []
-    for store in STORES:
-        print(f"== botbouncer's store: {store} ==", flush=True)
-        last = await measure(url, private, store)
-        print(flush=True)
-        lines.append(last if store == "redis" else " ".join(f"{store}_{kv}" for kv in last.split()))
-    return " ".join(lines)
-
-
 async def measure(url: str, private: bool, store_kind: str = "redis") -> str:
     workdir = Path(tempfile.mkdtemp(prefix="bb-e2e-discord-"))
     base = snowflake_base()
@@ -405,7 +392,7 @@ async def measure(url: str, private: bool, store_kind: str = "redis") -> str:
 
 def main() -> int:
     try:
-        return main_on_redis(NAME, measure_stores)
+        return main_on_redis(NAME, on_each_store(measure))
     except Unmeasurable as exc:
         print(f"{NAME}: cannot measure: {exc}", file=sys.stderr)
         return 2

@@ -67,6 +67,7 @@ from _e2e import (
     Run,
     alternate,
     drive,
+    on_each_store,
     process_cpu,
     report,
     stop,
@@ -90,8 +91,6 @@ BARE = os.environ.get("E2E_BARE", "example")
 if BARE not in ("example", "adapter"):
     raise SystemExit(f"E2E_BARE={BARE!r}: must be 'example' or 'adapter'")
 BARE_CONCURRENCY = CONCURRENT_UPDATES if BARE == "adapter" else 0
-# The stores botbouncer runs on, one measurement each (redis first)
-STORES = [s for s in os.environ.get("E2E_STORES", "redis,memory").split(",") if s]
 BOT_USERNAME = "bench_bot"
 MAX_REPLIES = 1_000_000  # the config's upper bound: the rate cap never bites
 READY_S = 60.0  # start-up of a contestant, until it long-polls (and is healthy)
@@ -271,18 +270,6 @@ def problems(c: Contestant) -> list[str]:
     return [line for line in lines if " WARNING " in line or " ERROR " in line]
 
 
-async def measure_stores(redis_url: str, private: bool) -> str:
-    """One invocation per store in E2E_STORES; the last line is Redis's keys,
-    then the memory store's, prefixed `memory_`."""
-    lines = []
-    for store in STORES:
-        print(f"== botbouncer's store: {store} ==", flush=True)
-        last = await measure(redis_url, private, store)
-        print(flush=True)
-        lines.append(last if store == "redis" else " ".join(f"{store}_{kv}" for kv in last.split()))
-    return " ".join(lines)
-
-
 async def measure(redis_url: str, private: bool, store_kind: str = "redis") -> str:
     on_redis = store_kind == "redis"
     version = await redis_version(redis_url)
@@ -335,7 +322,7 @@ async def measure(redis_url: str, private: bool, store_kind: str = "redis") -> s
 
 def main() -> int:
     try:
-        return main_on_redis(NAME, measure_stores)  # prints the last line
+        return main_on_redis(NAME, on_each_store(measure))  # prints the last line
     except Failed as exc:
         print(f"{NAME}: could not measure: {exc}", file=sys.stderr)
         return 2
