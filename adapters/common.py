@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Awaitable, Callable, Iterable
+from contextlib import AbstractAsyncContextManager
 
 from gateway.errors import BotbouncerError
 from gateway.inflight import ShuttingDown
@@ -177,56 +177,3 @@ async def _deliver(
         await gateway.sent(d, message_id, piece, first=first)
         first, sent = False, sent + 1
     return sent
-
-
-class WorkSlots:
-    """At most `n` messages worked on at once (decided, sent, counted); a
-    message waiting on a model (the classifier, the backend) gives its place
-    up meanwhile and queues for one again after, first come first served.
-
-    For an adapter whose platform library costs more the more it does at once:
-    with 256 Telegram updates worked on at once, the daemon spent 1.47 times
-    the CPU a message of python-telegram-bot's example bot and its p99 was
-    2.6 times the example's; with 8 places, 1.21 and 1.11 (bench/README.md).
-    A slow backend holds no place, so it does not hold up other chats.
-
-        async with slots.working() as slot:
-            d = await gateway.handle(msg, waiting=slot.waiting)
-            ... send ...
-    """
-
-    def __init__(self, n: int) -> None:
-        self._places = asyncio.Semaphore(n)
-
-    @asynccontextmanager
-    async def working(self) -> AsyncIterator[_Slot]:
-        await self._places.acquire()
-        slot = _Slot(self._places)
-        try:
-            yield slot
-        finally:
-            if slot.held:
-                self._places.release()
-
-
-class _Slot:
-    """One message's place in WorkSlots."""
-
-    def __init__(self, places: asyncio.Semaphore) -> None:
-        self._places = places
-        self.held = True
-
-    @asynccontextmanager
-    async def waiting(self) -> AsyncIterator[None]:
-        """Give the place up while the block waits; take one again after."""
-        if not self.held:
-            yield
-            return
-        self.held = False
-        self._places.release()
-        try:
-            yield
-        finally:
-            # cancelled while queueing: no place held, so none is given back
-            await self._places.acquire()
-            self.held = True

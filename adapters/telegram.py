@@ -16,31 +16,31 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 import warnings
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 from telegram import (
     BotCommand,
     BotCommandScopeAllChatAdministrators,
     MessageEntity,
-    ReplyParameters,
     Update,
     User,
 )
 from telegram import Message as TgMessage
 from telegram.constants import ChatAction, ChatMemberStatus, ChatType
-from telegram.error import InvalidToken, TelegramError
+from telegram.error import InvalidToken, RetryAfter, TelegramError
 from telegram.ext import AIORateLimiter, Application, ContextTypes, TypeHandler, filters
 from telegram.request import BaseRequest, HTTPXRequest, RequestData
 from telegram.warnings import PTBDeprecationWarning
 
 from adapters.common import (
     SendFailed,
-    WorkSlots,
     clean,
     deliver,
     handle_event,
@@ -68,10 +68,9 @@ MESSAGE_LIMIT = 4096  # UTF-16 code units
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 ALLOWED_UPDATES = ["message"]  # edits, reactions, channel posts: not conversation turns
 CONCURRENT_UPDATES = 256
-# Messages worked on at once (decided, sent, counted); one waiting on the
-# classifier or the backend gives its place up (adapters.common.WorkSlots).
-WORKING = 8
 SEND_RETRIES = 2  # after a 429 (nothing was delivered), PTB's limiter waits and retries
+# A reply's sendMessage: PTB's own defaults (5 s to connect, 5 s to read)
+SEND_TIMEOUT = aiohttp.ClientTimeout(connect=5, sock_read=5)
 COMMAND_PREFIX = "bouncer_"
 COMMANDS = {
     "status": "Turn counters, limits, pause and cooldowns",
@@ -377,7 +376,8 @@ class TelegramAdapter:
         self.app.add_handler(TypeHandler(Update, self._on_update))
         self.app.add_error_handler(self._on_error)
         self.me: User | None = None
-        self._slots = WorkSlots(WORKING)
+        self._token = bot.token.get_secret_value()
+        self._http: aiohttp.ClientSession | None = None  # replies (see _send)
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -407,6 +407,7 @@ class TelegramAdapter:
             log.info("bot %s: privacy mode is on, so in groups it sees only commands, replies "
                      "and mentions (BotFather /setprivacy)", self.bot.name)  # fmt: skip
         await self._register_commands()
+        self._http = aiohttp.ClientSession(timeout=SEND_TIMEOUT)
         try:
             await self.app.start()
             if self.webhook is not None:
@@ -454,6 +455,9 @@ class TelegramAdapter:
             if self.app.running:
                 await self.app.stop()
             await self.app.shutdown()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
         self.updates.close_filters()
 
     async def _register_commands(self) -> None:
@@ -518,42 +522,71 @@ class TelegramAdapter:
         if command is not None:
             await self._admin(m, msg, command)
             return
-        async with self._slots.working() as slot:
-            d = await self.gateway.handle(
-                msg,
-                busy=lambda: typing_beside(lambda: self._typing(m), f"chat {msg.chat.id}"),
-                waiting=slot.waiting,
-            )
-            if d.action is Action.REPLY and d.replies:
-                await self._post(m, d, list(d.replies), reply=True)
-            elif d.action is Action.WARN and d.warning:
-                await self._post(m, d, [d.warning], reply=False, warning=True)
+        d = await self.gateway.handle(
+            msg, busy=lambda: typing_beside(lambda: self._typing(m), f"chat {msg.chat.id}")
+        )
+        if d.action is Action.REPLY and d.replies:
+            await self._post(m, d, list(d.replies), reply=True)
+        elif d.action is Action.WARN and d.warning:
+            await self._post(m, d, [d.warning], reply=False, warning=True)
 
     # -- sending ------------------------------------------------------------------
 
-    async def _send(self, m: TgMessage, text: str, *, reply: bool) -> TgMessage:
+    async def _send(self, m: TgMessage, text: str, *, reply: bool) -> str:
         """Into the message's chat and topic; as a reply when asked (without
-        failing if the message was deleted meanwhile). Plain text, no markup."""
-        try:
-            return await self.app.bot.send_message(
-                m.chat.id,
-                text,
-                message_thread_id=_thread(m),
-                reply_parameters=(
-                    ReplyParameters(m.message_id, allow_sending_without_reply=True)
-                    if reply
-                    else None
-                ),
+        failing if the message was deleted meanwhile). Plain text, no markup.
+        Returns the id Telegram gave it.
+
+        One `sendMessage` POST on the adapter's own aiohttp session, through
+        PTB's AIORateLimiter (the flood limits, and a 429 waited out and
+        retried up to SEND_RETRIES times), not through PTB's Bot and its httpx
+        stack: that path was most of the daemon's CPU a message
+        (bench/README.md, "Where the daemon's time goes")."""
+        params: dict[str, str] = {"chat_id": str(m.chat.id), "text": text}
+        thread = _thread(m)
+        if thread is not None:
+            params["message_thread_id"] = str(thread)
+        if reply:
+            params["reply_parameters"] = json.dumps(
+                {"message_id": m.message_id, "allow_sending_without_reply": True}
             )
-        except TelegramError as exc:
-            raise SendFailed(f"Telegram refused the message: {exc}") from None
+        limiter = self.app.bot.rate_limiter
+        assert limiter is not None  # built with one
+        sent = await limiter.process_request(
+            callback=self._send_message, args=(params,), kwargs={}, endpoint="sendMessage",
+            data={"chat_id": m.chat.id}, rate_limit_args=None,
+        )  # fmt: skip
+        assert isinstance(sent, dict)  # _send_message's answer
+        return str(sent["message_id"])
+
+    async def _send_message(self, params: dict[str, str]) -> dict[str, Any]:
+        """One sendMessage call; Telegram's refusal as SendFailed, a 429 as
+        PTB's RetryAfter (for the limiter to wait out)."""
+        assert self._http is not None  # opened by start
+        url = f"{self.api}/bot{self._token}/sendMessage"
+        try:
+            async with self._http.post(url, data=params) as resp:
+                body = await resp.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            # the URL holds the token: name the error's kind, not its text
+            raise SendFailed(f"Telegram could not be reached ({type(exc).__name__})") from None
+        if not isinstance(body, dict):
+            raise SendFailed(f"Telegram answered HTTP {resp.status} without a JSON object")
+        if body.get("ok") is True and isinstance(body.get("result"), dict):
+            result: dict[str, Any] = body["result"]
+            if isinstance(result.get("message_id"), int):
+                return result
+        parameters = body.get("parameters")
+        wait = parameters.get("retry_after") if isinstance(parameters, dict) else None
+        if body.get("error_code") == 429 and isinstance(wait, int):
+            raise RetryAfter(wait)
+        raise SendFailed(f"Telegram refused the message: {body.get('description', body)}")
 
     async def _post(
         self, m: TgMessage, d: Decision, texts: list[str], *, reply: bool, warning: bool = False
     ) -> None:
         async def send(piece: str, index: int) -> str:
-            sent = await self._send(m, piece, reply=reply and index == 0)
-            return str(sent.message_id)
+            return await self._send(m, piece, reply=reply and index == 0)
 
         pieces = [p for text in texts for p in split_message(text, MESSAGE_LIMIT, utf16_len)]
         await deliver(self.gateway, d, pieces, send, warning=warning)
@@ -618,7 +651,7 @@ class TelegramAdapter:
             except SendFailed as exc:
                 log.warning("bot %s: answering an admin command failed: %s", self.bot.name, exc)
                 return
-            await self.gateway.note(chat.key, str(sent.message_id), piece)
+            await self.gateway.note(chat.key, sent, piece)
 
 
 def create(bot: BotConfig, gateway: Gateway, server: HttpServer) -> TelegramAdapter:

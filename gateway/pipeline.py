@@ -184,16 +184,11 @@ class Gateway:
     def now_ms(self) -> int | None:
         return None if self.clock is None else round(self.clock() * 1000)
 
-    async def handle(
-        self, msg: Message, *, busy: Busy | None = None, waiting: Busy | None = None
-    ) -> Decision:
+    async def handle(self, msg: Message, *, busy: Busy | None = None) -> Decision:
         """Decide on `msg`; `busy()` (e.g. a typing indicator) is entered only
-        while the backend works on an answer, `waiting()` while this message
-        waits on a model (the reply-decision classifier, the backend): an
-        adapter that bounds how many messages it works on at once gives the
-        place up meanwhile (adapters.common.WorkSlots)."""
+        while the backend works on an answer."""
         with self.inflight.track():
-            return await self._handle(msg, self._s, busy, waiting)
+            return await self._handle(msg, self._s, busy)
 
     def echo(self, msg: Message) -> bool:
         """Whether `msg` is this gateway's own message, which it then decides
@@ -217,9 +212,7 @@ class Gateway:
                        Reason.OWN_MESSAGE, mine.turn, mine.soft, mine.hard, at=at)  # fmt: skip
         return self._logged(own, started)
 
-    async def _handle(
-        self, msg: Message, s: _Setup, busy: Busy | None, waiting: Busy | None
-    ) -> Decision:
+    async def _handle(self, msg: Message, s: _Setup, busy: Busy | None) -> Decision:
         started = time.perf_counter()
         mine = self._echoes.counted(msg.chat.key, msg.id) if msg.author.id == self.bot_id else None
         if mine is not None:
@@ -269,7 +262,7 @@ class Gateway:
         if res.action is not None:
             return self._logged(base, started)
         try:
-            return await self._answer(msg, s, res.context, base, started, busy, waiting)
+            return await self._answer(msg, s, res.context, base, started, busy)
         except asyncio.CancelledError:
             # Stopped mid-answer (shutdown past its grace): nothing will be
             # sent, so the slot goes back, even while this task is cancelled.
@@ -285,14 +278,12 @@ class Gateway:
         base: Decision,
         started: float,
         busy: Busy | None,
-        waiting: Busy | None,
     ) -> Decision:
         """Every deterministic rule passed and the slot is held: now the
         expensive steps, at most one classifier call, then the backend."""
         if s.classifier is not None and s.classifier.applies(msg, self.bot_id):
             t0 = time.perf_counter()
-            async with waiting() if waiting is not None else nullcontext():
-                verdict = await s.classifier.decide(msg, context)
+            verdict = await s.classifier.decide(msg, context)
             if self.metrics is not None:
                 self.metrics.classifier_calls.labels(verdict.result).inc()
                 self.metrics.classifier_seconds.observe(time.perf_counter() - t0)
@@ -302,10 +293,7 @@ class Gateway:
             return self._logged(base, started)
         t0 = time.perf_counter()
         try:
-            async with (
-                waiting() if waiting is not None else nullcontext(),
-                busy() if busy is not None else nullcontext(),
-            ):
+            async with busy() if busy is not None else nullcontext():
                 replies = [r for r in await s.backend.reply(msg, context) if r.strip()]
         except Exception as exc:  # any backend failure: silence, not a crash
             log.warning("backend %s failed for %s: %s", s.backend.name, msg.id, exc)
