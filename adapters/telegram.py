@@ -566,12 +566,16 @@ class TelegramAdapter:
         url = f"{self.api}/bot{self._token}/sendMessage"
         try:
             async with self._http.post(url, data=params) as resp:
-                body = await resp.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                status, raw = resp.status, await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
             # the URL holds the token: name the error's kind, not its text
             raise SendFailed(f"Telegram could not be reached ({type(exc).__name__})") from None
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
         if not isinstance(body, dict):
-            raise SendFailed(f"Telegram answered HTTP {resp.status} without a JSON object")
+            raise SendFailed(f"Telegram answered HTTP {status} without a JSON object")
         if body.get("ok") is True and isinstance(body.get("result"), dict):
             result: dict[str, Any] = body["result"]
             if isinstance(result.get("message_id"), int):
