@@ -58,6 +58,14 @@ async def greeter(msg: Message) -> str:
     return f"hello @{named.group(1)}!" if named else "hello!"
 
 
+async def slack_greeter(msg: Message) -> str:
+    """greeter for Slack, where a name is a mention: "greet U2" -> "hello <@U2>!"."""
+    if msg.author.is_bot:
+        return "thank you!"
+    named = re.search(r"\bgreet ([UW][A-Z0-9]+)", msg.text)
+    return f"hello <@{named.group(1)}>!" if named else "hello!"
+
+
 async def long_reply(msg: Message) -> str:
     """5,000 characters: more than one Telegram message (4,096)."""
     return ("lorem ipsum " * 417)[:5000]

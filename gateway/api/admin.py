@@ -14,7 +14,7 @@ from gateway.api.common import BadRequest, json_body, reply
 from gateway.errors import BotbouncerError
 from gateway.store.base import DECISION_LOG_SIZE
 
-PLATFORMS = ("http", "discord", "telegram")
+PLATFORMS = ("http", "discord", "telegram", "slack")
 
 
 class AdminRoutes:

@@ -29,6 +29,7 @@ from gateway.config.bots import (
     EchoBackend,
     OpenAIBackend,
     PythonBackend,
+    SlackConfig,
     TelegramConfig,
     WebhookBackend,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "RateCapPolicy",
     "ReplyDecisionPolicy",
     "ShutdownConfig",
+    "SlackConfig",
     "StoreConfig",
     "TelegramConfig",
     "TurnsPolicy",

@@ -127,7 +127,7 @@ class AdminsConfig(Model):
     role_ids: Ids = ()
 
 
-Platform: TypeAlias = Literal["discord", "telegram", "http"]
+Platform: TypeAlias = Literal["discord", "telegram", "slack", "http"]
 # proxy: the daemon connects to the platform with the bot's token and its
 # backend answers; decide: the bot keeps its token and its code, and asks
 # (POST /v1/bots/<name>/decide, or the botbouncer package in process).
@@ -178,6 +178,42 @@ class TelegramConfig(Model):
         return self
 
 
+class SlackConfig(Model):
+    """Slack only: Socket Mode (`app_token`, an xapp- app-level token with
+    connections:write; no public URL) unless `mode: events`, where Slack POSTs
+    events and the slash command to the daemon's `POST /v1/webhooks/<bot name>`,
+    each signed with `signing_secret`."""
+
+    mode: Literal["socket", "events"] = "socket"
+    app_token: OptionalSecret = None
+    signing_secret: OptionalSecret = None
+
+    @field_validator("app_token")
+    @classmethod
+    def _app_token(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().startswith("xapp-"):
+            # never echo the value: it may be the bot token pasted in the wrong place
+            raise ValueError("must be an app-level token (xapp-...), made under Basic Information")
+        return value
+
+    @model_validator(mode="after")
+    def _pair(self) -> SlackConfig:
+        if self.mode == "socket" and self.app_token is None:
+            raise ValueError(
+                "app_token: is required for Socket Mode (or mode: events with signing_secret)"
+            )
+        if self.mode == "events" and self.signing_secret is None:
+            raise ValueError(
+                "signing_secret: is required for mode: events: without it anyone who finds "
+                "the URL can post events"
+            )
+        if self.mode == "socket" and self.signing_secret is not None:
+            raise ValueError("signing_secret: is only used with mode: events")
+        if self.mode == "events" and self.app_token is not None:
+            raise ValueError("app_token: is only used with mode: socket")
+        return self
+
+
 class BotConfig(Policy):
     """One bot behind the gateway: its identity, platform, backend and policy.
 
@@ -204,11 +240,14 @@ class BotConfig(Policy):
     shard_ids: tuple[Annotated[Int, Field(ge=0)], ...] | None = None
     guild_ids: Ids = ()
     telegram: TelegramConfig = TelegramConfig()
+    # Slack only (validated after `token`: unset, it is checked by _slack)
+    slack: SlackConfig | None = None
 
-    @field_validator("gateway_url", "shard_count", "shard_ids", "guild_ids", "telegram")
+    @field_validator("gateway_url", "shard_count", "shard_ids", "guild_ids", "telegram", "slack")
     @classmethod
     def _platform_only(cls, value: Any, info: ValidationInfo) -> Any:
-        owner = "Telegram" if info.field_name == "telegram" else "Discord"
+        owners = {"telegram": "Telegram", "slack": "Slack"}
+        owner = owners.get(info.field_name or "", "Discord")
         platform = info.data.get("platform")
         unset = value in (None, ()) or value == TelegramConfig()
         if not unset and platform is not None and platform != owner.lower():
@@ -260,9 +299,23 @@ class BotConfig(Policy):
             if value is not None:
                 raise ValueError("a decide bot keeps its token: botbouncer never connects for it")
             return value
-        if value is None and platform in ("discord", "telegram"):
+        if value is None and platform in ("discord", "telegram", "slack"):
             raise ValueError(f"is required for platform {platform}")
+        if platform == "slack" and value and not value.get_secret_value().startswith("xoxb-"):
+            raise ValueError("a Slack bot's token is its bot token (xoxb-...), under "
+                                 "OAuth & Permissions")  # fmt: skip
         return value
+
+    @model_validator(mode="after")
+    def _slack(self) -> BotConfig:
+        if self.platform == "slack" and self.mode == "proxy" and self.slack is None:
+            raise ValueError(
+                "slack: is required for platform slack: app_token (Socket Mode) or "
+                "mode: events with signing_secret"
+            )
+        if self.mode == "decide" and self.slack is not None:
+            raise ValueError("slack: a decide bot keeps its own connection")
+        return self
 
     @field_validator("backend")
     @classmethod

@@ -117,6 +117,9 @@ def user_info(world: World, user: FakeUser) -> Json:
         "deleted": False,
         "is_bot": user.is_bot,
         "is_app_user": False,
+        "is_admin": user.is_admin,
+        "is_owner": user.is_owner,
+        "is_primary_owner": False,
         "profile": profile,
     }
 
@@ -130,6 +133,7 @@ def channel_info(channel: FakeChannel, viewer: str) -> Json:
         "id": channel.id,
         "name": channel.name,
         "created": channel.created,
+        "creator": channel.creator,
         "is_channel": True,
         "is_group": False,
         "is_im": False,

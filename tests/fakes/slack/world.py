@@ -18,6 +18,8 @@ class FakeUser:
     real_name: str = ""
     bot_id: str | None = None
     app_id: str | None = None
+    is_admin: bool = False  # a workspace admin
+    is_owner: bool = False  # a workspace owner
 
     @property
     def is_bot(self) -> bool:
@@ -46,6 +48,7 @@ class FakeChannel:
     name: str
     is_im: bool = False
     members: set[str] = field(default_factory=set)  # user ids
+    creator: str = ""  # who made the channel (conversations.info `creator`)
     messages: list[Json] = field(default_factory=list)  # oldest first, threads included
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -65,8 +68,18 @@ class World:
         self.channels: dict[str, FakeChannel] = {}
         self._last_ts = 0.0
 
-    def add_user(self, user_id: str, name: str, real_name: str = "") -> FakeUser:
-        user = FakeUser(user_id, name, real_name or name.title())
+    def add_user(
+        self,
+        user_id: str,
+        name: str,
+        real_name: str = "",
+        *,
+        is_admin: bool = False,
+        is_owner: bool = False,
+    ) -> FakeUser:
+        user = FakeUser(
+            user_id, name, real_name or name.title(), is_admin=is_admin, is_owner=is_owner
+        )
         self.users[user_id] = user
         return user
 
@@ -95,8 +108,13 @@ class World:
         self.users[bot_user_id] = FakeUser(bot_user_id, name, name, bot_id, app_id)
         return app
 
-    def add_channel(self, channel_id: str, name: str, *members: str) -> FakeChannel:
-        channel = FakeChannel(channel_id, name, members=set(members))
+    def add_channel(
+        self, channel_id: str, name: str, *members: str, creator: str = ""
+    ) -> FakeChannel:
+        """A public channel; its creator is `creator`, else its first member."""
+        channel = FakeChannel(
+            channel_id, name, members=set(members), creator=creator or next(iter(members), "")
+        )
         self.channels[channel_id] = channel
         return channel
 
