@@ -270,7 +270,8 @@ _CHAT = {
     "in": "path",
     "required": True,
     "schema": {"type": "string", "minLength": 1},
-    "description": "`http:room1`, `discord:1234`, `telegram:-1001:7`; a bare id is an HTTP chat.",
+    "description": "`http:room1`, `discord:1234`, `telegram:-1001:7`, "
+    "`slack:C0123:1700000000.000100`; a bare id is an HTTP chat.",
 }
 _BOT_QUERY = {
     "name": "bot",
@@ -404,23 +405,43 @@ def document() -> dict[str, Any]:
         },
         "/v1/webhooks/{bot}": {
             "post": {
-                "operationId": "telegramWebhook",
-                "summary": "A Telegram update for a bot in webhook mode",
+                "operationId": "platformWebhook",
+                "summary": "A platform's POST for a bot: a Telegram update (webhook mode), or a "
+                "Slack event or /bouncer command (slack.mode: events)",
                 "parameters": [
                     {"name": "bot", "in": "path", "required": True, "schema": {"type": "string"}},
-                    {"name": "X-Telegram-Bot-Api-Secret-Token", "in": "header", "required": True,
+                    {"name": "X-Telegram-Bot-Api-Secret-Token", "in": "header", "required": False,
+                     "description": "Telegram: the bot's telegram.secret_token",
+                     "schema": {"type": "string"}},
+                    {"name": "X-Slack-Signature", "in": "header", "required": False,
+                     "description": "Slack: v0=HMAC-SHA256 of v0:<timestamp>:<body>",
+                     "schema": {"type": "string"}},
+                    {"name": "X-Slack-Request-Timestamp", "in": "header", "required": False,
+                     "description": "Slack: within 5 minutes of the daemon's clock",
                      "schema": {"type": "string"}},
                 ],
-                "requestBody": {"required": True,
-                                "content": {"application/json": {"schema": {"type": "object"}}}},
+                "requestBody": {"required": True, "content": {
+                    "application/json": {"schema": {"type": "object"}},
+                    "application/x-www-form-urlencoded": {"schema": {"type": "object"}},
+                }},
                 "responses": {
-                    "200": _json("handled", {"type": "object", "maxProperties": 0}),
+                    "200": _json("taken: `{}`; Slack's URL check: its `challenge`; /bouncer: "
+                                 "the answer only its caller sees", {
+                        "type": "object",
+                        "properties": {
+                            "challenge": {"type": "string"},
+                            "response_type": {"const": "ephemeral"},
+                            "text": {"type": "string"},
+                        },
+                        "additionalProperties": False,
+                    }),
                     **_errors(
                         s400=_BAD_INPUT,
-                        s403="wrong or missing secret token; the update was not read",
+                        s401="Slack: a bad or stale signature; the body was not read",
+                        s403="Telegram: wrong or missing secret token; the update was not read",
                         s404="no bot here takes webhooks under that name",
                         s413="the body is over 64 KiB",
-                        s503=_STORE_DOWN + "; Telegram delivers the update again",
+                        s503=_STORE_DOWN + "; the platform delivers it again",
                     ),
                 },
             }
