@@ -198,7 +198,9 @@ class _BoundedRateLimitRetry(AsyncRateLimitErrorRetryHandler):
             return False
         wait = next((v for k, v in response.headers.items() if k.lower() == "retry-after"), None)
         try:
-            seconds = float(wait[0]) if wait else 1.0
+            # whole seconds, as slack_sdk's wait reads it (int()); anything else
+            # ("1.5", an HTTP date) would raise ValueError from inside the request
+            seconds = int(wait[0]) if wait else 1
         except ValueError:
             return False
         return 0 <= seconds <= MAX_RETRY_AFTER
@@ -208,8 +210,15 @@ def web_client(token: str, api_base: str | None, session: aiohttp.ClientSession)
     """slack_sdk's client on one shared session; it retries only 429s (which
     delivered nothing), never a connection that broke mid-request."""
     retry: list[AsyncRetryHandler] = [_BoundedRateLimitRetry(max_retry_count=SEND_RETRIES)]
+    # slack_sdk builds its debug lines (the request's arguments, the whole
+    # answer) whenever its logger's *own* level is DEBUG or unset, which its
+    # default logger's is: 3-4 % of the daemon's CPU for lines logging drops.
+    # Its logger here has a level: DEBUG only when debug lines are shown.
+    web_log = logging.getLogger("botbouncer.slack.web")
+    debug = log.getEffectiveLevel() <= logging.DEBUG  # botbouncer.slack's own is unset
+    web_log.setLevel(logging.DEBUG if debug else logging.INFO)
     return AsyncWebClient(token, base_url=api_base or API_BASE, session=session,
-                          timeout=SEND_TIMEOUT, retry_handlers=retry)  # fmt: skip
+                          timeout=SEND_TIMEOUT, retry_handlers=retry, logger=web_log)  # fmt: skip
 
 
 def _api_error(exc: SlackClientError) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -784,3 +785,144 @@ def test_a_named_guard_profile_inherits_from_default() -> None:
     assert profiles["b"].steps.max_steps == 9
     assert profiles["b"].identical.block_at == 1
     assert profiles["default"].identical.block_at == 3
+
+
+# --- Slack ---------------------------------------------------------------------
+
+SLACK = "{name: s, platform: slack, token: xoxb-1-bot, backend: {type: echo}"
+
+
+def test_a_slack_bot_uses_socket_mode_unless_told_events() -> None:
+    env = {"SLACK_APP": "xapp-1-A0-secret-app", "SLACK_SIGNING": "s1gn1ng-secret"}
+    text = f"bots:\n  - {SLACK}, slack: {{app_token: '${{SLACK_APP}}'}}}}\n"
+    bot = parse_config(text, env=env).bots[0]
+    assert bot.slack is not None and bot.token is not None
+    assert (bot.slack.mode, bot.slack.signing_secret) == ("socket", None)
+    assert bot.slack.app_token is not None
+    assert bot.slack.app_token.get_secret_value() == "xapp-1-A0-secret-app"
+    assert "xapp-1-A0-secret-app" not in repr(bot) and "xoxb-1-bot" not in repr(bot)
+    text = f"bots:\n  - {SLACK}, slack: {{mode: events, signing_secret: '${{SLACK_SIGNING}}'}}}}\n"
+    events = parse_config(text, env=env).bots[0].slack
+    assert events is not None and (events.mode, events.app_token) == ("events", None)
+    assert events.signing_secret is not None
+    assert events.signing_secret.get_secret_value() == "s1gn1ng-secret"
+
+
+def test_the_commented_slack_bot_in_the_example_is_valid() -> None:
+    env = {"SLACK_BOT_TOKEN": "xoxb-1-t", "SLACK_APP_TOKEN": "xapp-1-t"}
+    for options in (False, True):
+        bot = parse_config(commented_bot("slack-helper", options=options), env=env).bots[0]
+        assert (bot.platform, bot.bot_messages) == ("slack", "mentions")
+        assert bot.slack is not None and bot.slack.mode == "socket"
+        assert bot.api_base == ("http://127.0.0.1:8082/api/" if options else None)
+
+
+@pytest.mark.parametrize(
+    ("bot", "problem"),
+    [
+        (
+            "{name: s, platform: slack, token: xoxb-1, backend: {type: echo}}",
+            "bots[0]: slack: is required for platform slack: app_token (Socket Mode) or "
+            "mode: events with signing_secret",
+        ),
+        (
+            "{name: s, platform: slack, backend: {type: echo}, slack: {app_token: xapp-1}}",
+            "bots[0].token: is required for platform slack",
+        ),
+        (  # the app token where the bot token goes
+            "{name: s, platform: slack, token: xapp-1-A0-secret, backend: {type: echo}, "
+            "slack: {app_token: xapp-1-A0-secret}}",
+            "bots[0].token: a Slack bot's token is its bot token (xoxb-...), under "
+            "OAuth & Permissions",
+        ),
+        (  # the bot token where the app token goes
+            f"{SLACK}, slack: {{app_token: xoxb-1-secret-bot}}}}",
+            "bots[0].slack.app_token: must be an app-level token (xapp-...), made under "
+            "Basic Information",
+        ),
+        (  # a user token is no bot token either
+            "{name: s, platform: slack, token: xoxp-1-user, backend: {type: echo}, "
+            "slack: {app_token: xapp-1}}",
+            "bots[0].token: a Slack bot's token is its bot token (xoxb-...), under "
+            "OAuth & Permissions",
+        ),
+        (
+            f"{SLACK}, slack: {{}}}}",
+            "bots[0].slack: app_token: is required for Socket Mode (or mode: events with "
+            "signing_secret)",
+        ),
+        (
+            f"{SLACK}, slack: {{mode: events}}}}",
+            "bots[0].slack: signing_secret: is required for mode: events: without it anyone "
+            "who finds the URL can post events",
+        ),
+        (
+            f"{SLACK}, slack: {{mode: events, app_token: xapp-1}}}}",
+            "bots[0].slack: signing_secret: is required for mode: events: without it anyone "
+            "who finds the URL can post events",
+        ),
+        (
+            f"{SLACK}, slack: {{app_token: xapp-1, signing_secret: s}}}}",
+            "bots[0].slack: signing_secret: is only used with mode: events",
+        ),
+        (
+            f"{SLACK}, slack: {{mode: events, signing_secret: s, app_token: xapp-1}}}}",
+            "bots[0].slack: app_token: is only used with mode: socket",
+        ),
+        (
+            f"{SLACK}, slack: {{mode: webhook, signing_secret: s}}}}",
+            "bots[0].slack.mode: must be one of: socket, events",
+        ),
+        (f"{SLACK}, slack: {{apptoken: xapp-1}}}}", "bots[0].slack.apptoken: unknown key"),
+        (
+            f"{SLACK}, slack: {{app_token: xapp-1}}, admins: {{role_ids: [R1]}}}}",
+            "bots[0].admins: role_ids: slack has no roles; list people under user_ids",
+        ),
+        (
+            f"{SLACK}, slack: {{app_token: xapp-1}}, guild_ids: [1]}}",
+            "bots[0].guild_ids: is a Discord setting; this bot's platform is slack",
+        ),
+        (
+            f"{SLACK}, slack: {{app_token: xapp-1}}, "
+            "telegram: {webhook_url: 'https://x.example/t', secret_token: ab}}",
+            "bots[0].telegram: is a Telegram setting; this bot's platform is slack",
+        ),
+        (
+            "{name: s, platform: slack, mode: decide, slack: {app_token: xapp-1}}",
+            "bots[0]: slack: a decide bot keeps its own connection",
+        ),
+        (
+            "{name: s, platform: slack, mode: decide, token: xoxb-1}",
+            "bots[0].token: a decide bot keeps its token: botbouncer never connects for it",
+        ),
+    ],
+)
+def test_slack_settings_are_checked(bot: str, problem: str) -> None:
+    assert problems(f"bots:\n  - {bot}\n") == [problem]
+    for token in re.findall(r"\bx(?:oxb|oxp|app)-[\w-]+", bot):
+        assert token not in problem  # a token in the wrong place is still a secret
+
+
+@pytest.mark.parametrize("platform", ["http", "telegram", "discord"])
+def test_a_slack_section_belongs_to_a_slack_bot(platform: str) -> None:
+    token = "" if platform == "http" else ", token: t"
+    bot = f"{{name: x, platform: {platform}{token}, backend: {{type: echo}}, "
+    bot += "slack: {app_token: xapp-1}}"
+    assert problems(f"bots:\n  - {bot}\n") == [
+        f"bots[0].slack: is a Slack setting; this bot's platform is {platform}"
+    ]
+
+
+def test_a_mixed_up_token_is_never_echoed() -> None:
+    """A token pasted in the wrong place is still a secret: the problem names
+    the key, never the value."""
+    swapped = ("{name: s, platform: slack, token: xapp-1-A0-topsecret1, backend: {type: echo}, "
+               "slack: {app_token: xoxb-1-topsecret2}}")  # fmt: skip
+    found = problems(f"bots:\n  - {swapped}\n")
+    assert len(found) == 2
+    assert not [p for p in found if "topsecret" in p]
+
+
+def test_a_decide_mode_slack_bot_needs_no_token_or_slack_section() -> None:
+    bot = parse_config("bots:\n  - {name: s, platform: slack, mode: decide}\n").bots[0]
+    assert (bot.mode, bot.token, bot.slack) == ("decide", None, None)

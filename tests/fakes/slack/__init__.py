@@ -19,20 +19,24 @@ The modules, each built on those before it:
   conversations.info objects, slash-command fields, the v0 request signature;
 - socket.py: Socket Mode: envelopes pending per app until acked, the websocket
   (hello, envelopes, acks), redelivery of pending envelopes on each new connection,
-  `close_sockets`, `send_disconnect`;
+  `close_sockets`, `send_disconnect`, `lose_next_acks` (an ack lost on the way);
 - api.py: the Web API (`/api/<method>`): auth.test, apps.connections.open,
   chat.postMessage (delivers a message event to every app in the channel, the
   sender's own included, as Slack does), chat.postEphemeral, conversations.info,
-  users.info; `rate_limit_next`; unknown methods answered `unknown_method`;
+  users.info; `rate_limit_next` (one or more 429s), `disconnect_next` (done, then the
+  connection cut before the answer); unknown methods answered `unknown_method`;
+  a reply in a thread carries `parent_user_id`, as Slack's do;
 - fake.py: FakeSlack itself, its lifecycle, what people do (`user_says`,
+  `integration_says` for a workflow's bot_message, `edit`, `delete`,
   `invoke_command`) and signed Events API requests to an app's URL (`post_event`,
-  `url_verification`).
+  `post_command`, `url_verification`, `post_raw`).
 
 Known simplifications: the fake sends nothing by itself to Events API (HTTP) apps,
 tests call `post_event`; no scopes (a bot token may call every method); a bot may
 post only in channels its bot user is a member of (no chat:write.public); no
-blocks, attachments, edits or reactions; thread parents get no reply_count;
-envelopes go to an app's newest socket only; a socket URL stays valid forever.
+blocks, attachments or reactions; edits and deletions only as events; thread
+parents get no reply_count; envelopes go to an app's newest socket only; a socket
+URL stays valid forever.
 
 Everything is recorded (`calls`, `unknown_methods`, each channel's `messages`,
 `envelopes`, `acks`, `connections`, `ephemeral`, `http_posts`) and every change

@@ -60,7 +60,9 @@ class WebApi(SocketMode):
         self.calls: list[WebCall] = []
         self.unknown_methods: list[str] = []
         self.ephemeral: list[Ephemeral] = []
-        self._rate_limits: dict[str, int] = {}  # method -> Retry-After of its next call
+        # method -> the Retry-After of each of its next calls (one 429 each)
+        self._rate_limits: dict[str, list[str]] = {}
+        self._disconnects: set[str] = set()  # methods whose next call is cut off
         self.methods: dict[str, Method] = {
             "auth.test": self._auth_test,
             "apps.connections.open": self._connections_open,
@@ -70,15 +72,34 @@ class WebApi(SocketMode):
             "users.info": self._users_info,
         }
 
-    def rate_limit_next(self, method: str, retry_after: int = 1) -> None:
-        """The next call of `method` is answered 429 with this Retry-After."""
-        self._rate_limits[method] = retry_after
+    def rate_limit_next(self, method: str, retry_after: int | str = 1, times: int = 1) -> None:
+        """The next `times` calls of `method` are answered 429 with this Retry-After
+        (a string is sent as it is: "soon", "1.5")."""
+        self._rate_limits[method] = [str(retry_after)] * times
+
+    def disconnect_next(self, method: str) -> None:
+        """The next call of `method` is carried out, then its connection is closed
+        before any answer (recorded with status 0): the client cannot tell whether
+        it was done."""
+        self._disconnects.add(method)
 
     def messages(self, channel_id: str) -> list[Json]:
         return self.world.channels[channel_id].messages
 
     def calls_of(self, method: str) -> list[WebCall]:
         return [c for c in self.calls if c.method == method]
+
+    @staticmethod
+    def mark_thread_reply(channel: FakeChannel, message: Json) -> None:
+        """A reply in a thread names the author of the thread's parent
+        (`parent_user_id`), as Slack's message events do."""
+        thread_ts = message.get("thread_ts")
+        if thread_ts is None or thread_ts == message["ts"]:
+            return
+        parent = next((m for m in channel.messages if m["ts"] == thread_ts), None)
+        author = None if parent is None else parent.get("user") or parent.get("bot_id")
+        if author is not None:
+            message["parent_user_id"] = author
 
     async def deliver_message(self, channel: FakeChannel, message: Json) -> None:
         """A message event to every app whose bot user is in the channel."""
@@ -100,14 +121,19 @@ class WebApi(SocketMode):
         token = token or params.pop("token", None)
         headers: dict[str, str] = {}
         status = 200
-        if method in self._rate_limits:
-            status, headers["Retry-After"] = 429, str(self._rate_limits.pop(method))
+        if self._rate_limits.get(method):
+            status, headers["Retry-After"] = 429, self._rate_limits[method].pop(0)
             body: Json = {"ok": False, "error": "ratelimited"}
         else:
             body = await self._answer(method, token, params)
+        if method in self._disconnects:
+            self._disconnects.discard(method)
+            assert request.transport is not None
+            request.transport.close()  # the answer is never written: the client sees a
+            status = 0  # server disconnect
         self.calls.append(WebCall(method, token, params, status, body))
         await self.changed()
-        return web.json_response(body, status=status, headers=headers)
+        return web.json_response(body, status=status or 200, headers=headers)
 
     async def _answer(self, method: str, token: str | None, params: Json) -> Json:
         handler = self.methods.get(method)
@@ -165,6 +191,7 @@ class WebApi(SocketMode):
         thread_ts = params.get("thread_ts") or None
         user = self.world.users[app.bot_user_id]
         message = new_message(self.world, user, self._text(params), thread_ts=thread_ts)
+        self.mark_thread_reply(channel, message)
         channel.messages.append(message)
         await self.deliver_message(channel, message)
         return {"channel": channel.id, "ts": message["ts"], "message": message}

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
 
 import aiohttp
 from aiohttp import web
@@ -95,9 +97,72 @@ class FakeSlack(WebApi):
         msg = new_message(
             self.world, self.world.users[user_id], text, thread_ts=thread_ts, subtype=subtype
         )
+        self.mark_thread_reply(channel, msg)
         channel.messages.append(msg)
         await self.deliver_message(channel, msg)
         return msg
+
+    async def integration_says(
+        self,
+        channel_id: str,
+        bot_id: str,
+        text: str,
+        *,
+        username: str = "Standup workflow",
+        thread_ts: str | None = None,
+    ) -> Json:
+        """A workflow or legacy integration posts: subtype `bot_message`, a
+        `bot_id` and a `username`, no `user`, no `bot_profile`. Returns the message."""
+        channel = self.world.channels[channel_id]
+        msg: Json = {
+            "type": "message",
+            "subtype": "bot_message",
+            "text": text,
+            "ts": self.world.new_ts(),
+            "bot_id": bot_id,
+            "username": username,
+            "icons": {"emoji": ":robot_face:"},
+        }
+        if thread_ts is not None:
+            msg["thread_ts"] = thread_ts
+        self.mark_thread_reply(channel, msg)
+        channel.messages.append(msg)
+        await self.deliver_message(channel, msg)
+        return msg
+
+    async def edit(self, channel_id: str, ts: str, text: str) -> Json:
+        """Someone edits message `ts`: a hidden `message_changed` event (a ts of
+        its own) to every app in the channel. Returns the event."""
+        channel = self.world.channels[channel_id]
+        old = next(m for m in channel.messages if m["ts"] == ts)
+        new = {**old, "text": text, "edited": {"user": old.get("user"), "ts": self.world.new_ts()}}
+        channel.messages[channel.messages.index(old)] = new
+        event = {
+            "type": "message",
+            "subtype": "message_changed",
+            "hidden": True,
+            "message": new,
+            "previous_message": old,
+            "ts": self.world.new_ts(),
+        }
+        await self.deliver_message(channel, event)
+        return event
+
+    async def delete(self, channel_id: str, ts: str) -> Json:
+        """Someone deletes message `ts`: a hidden `message_deleted` event. Returns it."""
+        channel = self.world.channels[channel_id]
+        old = next(m for m in channel.messages if m["ts"] == ts)
+        channel.messages.remove(old)
+        event = {
+            "type": "message",
+            "subtype": "message_deleted",
+            "hidden": True,
+            "deleted_ts": ts,
+            "previous_message": old,
+            "ts": self.world.new_ts(),
+        }
+        await self.deliver_message(channel, event)
+        return event
 
     async def invoke_command(
         self, app_id: str, channel_id: str, user_id: str, command: str, text: str = ""
@@ -138,17 +203,46 @@ class FakeSlack(WebApi):
         retry_reason: str = "http_timeout",
         timestamp: int | None = None,
         signature: str | None = None,
+        session: aiohttp.ClientSession | None = None,
     ) -> HttpResult:
         """POST `event` wrapped in an event_callback for the app (the only one, if
         `app_id` is None) to `url`, signed with `signing_secret` at `timestamp` (now)
-        unless `signature` is given."""
+        unless `signature` is given; on `session` (a kept-alive connection) if given."""
         app = self.world.apps[app_id] if app_id else next(iter(self.world.apps.values()))
         body = event_callback(self.world, app, event)
         headers = {}
         if retry_num is not None:
             headers = {"X-Slack-Retry-Num": str(retry_num), "X-Slack-Retry-Reason": retry_reason}
         return await self.post_signed(
-            url, body, signing_secret, timestamp=timestamp, sig=signature, headers=headers
+            url,
+            body,
+            signing_secret,
+            timestamp=timestamp,
+            sig=signature,
+            headers=headers,
+            session=session,
+        )
+
+    async def post_command(
+        self,
+        url: str,
+        app_id: str,
+        channel_id: str,
+        user_id: str,
+        command: str,
+        text: str = "",
+        *,
+        signing_secret: str,
+    ) -> HttpResult:
+        """A person runs `/command text` for an Events API app: Slack POSTs the
+        command's fields as a signed form to the app's Request URL."""
+        w = self.world
+        fields = command_payload(
+            w, w.apps[app_id], w.channels[channel_id], w.users[user_id], command, text
+        )
+        raw = urlencode(fields).encode()
+        return await self.post_raw(
+            url, raw, signing_secret, content_type="application/x-www-form-urlencoded"
         )
 
     async def url_verification(
@@ -177,21 +271,46 @@ class FakeSlack(WebApi):
         timestamp: int | None = None,
         sig: str | None = None,
         headers: dict[str, str] | None = None,
+        session: aiohttp.ClientSession | None = None,
     ) -> HttpResult:
         """POST a JSON body as Slack does, with X-Slack-Request-Timestamp and -Signature."""
         raw = json.dumps(body).encode()
+        return await self.post_raw(
+            url,
+            raw,
+            signing_secret,
+            timestamp=timestamp,
+            sig=sig,
+            headers=headers,
+            session=session,
+        )
+
+    async def post_raw(
+        self,
+        url: str,
+        raw: bytes,
+        signing_secret: str,
+        *,
+        content_type: str = "application/json",
+        timestamp: int | None = None,
+        sig: str | None = None,
+        headers: dict[str, str] | None = None,
+        session: aiohttp.ClientSession | None = None,
+    ) -> HttpResult:
+        """POST `raw` signed (at `timestamp`, now unless given) as Slack does, on
+        `session` if given (else a session of its own)."""
         ts = str(int(time.time()) if timestamp is None else timestamp)
         all_headers = {
-            "Content-Type": "application/json",
+            "Content-Type": content_type,
             "User-Agent": "Slackbot 1.0 (+https://api.slack.com/robots)",
             "X-Slack-Request-Timestamp": ts,
             "X-Slack-Signature": sig or signature(signing_secret, ts, raw),
             **(headers or {}),
         }
-        async with (
-            aiohttp.ClientSession() as session,
-            session.post(url, data=raw, headers=all_headers) as resp,
-        ):
+        async with contextlib.AsyncExitStack() as stack:
+            if session is None:
+                session = await stack.enter_async_context(aiohttp.ClientSession())
+            resp = await stack.enter_async_context(session.post(url, data=raw, headers=all_headers))
             result = HttpResult(resp.status, await resp.text(), dict(resp.headers))
         self.http_posts.append(result)
         await self.changed()

@@ -80,12 +80,19 @@ class SocketMode(Recording):
         self._sockets: dict[str, list[web.WebSocketResponse]] = {}  # app id -> open sockets
         self._urls: dict[str, str] = {}  # connection id -> app id
         self._ids = itertools.count(1)
+        self._acks_to_lose = 0
+        self.lost_acks: list[str] = []  # envelope ids whose ack was lost (still pending)
 
     # -- what tests look at ------------------------------------------------------------
 
     def pending(self, app_id: str) -> list[Envelope]:
         """The envelopes of `app_id` not acked yet, oldest first."""
         return list(self._pending.get(app_id, {}).values())
+
+    def lose_next_acks(self, n: int = 1) -> None:
+        """The next `n` acks are lost on the way: recorded in `lost_acks`, their
+        envelopes stay pending (sent again on the next connection)."""
+        self._acks_to_lose = n
 
     def connected(self, app_id: str) -> int:
         """How many sockets of `app_id` are open."""
@@ -174,6 +181,11 @@ class SocketMode(Recording):
             envelope_id = str(message["envelope_id"])
         except (ValueError, KeyError, TypeError):
             log.warning("fake slack: ignored socket message %r", data)
+            return
+        if self._acks_to_lose:
+            self._acks_to_lose -= 1
+            self.lost_acks.append(envelope_id)
+            await self.changed()
             return
         env = self._pending.get(app_id, {}).pop(envelope_id, None)
         payload = message.get("payload")
