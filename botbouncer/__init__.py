@@ -5,8 +5,9 @@
 `Bouncer` decides, on the configured store, whether your bot may answer a
 message (docs/guard-an-existing-bot.md). The middlewares wire it into a bot
 in a few lines: `botbouncer.discord` (discord.py), `botbouncer.telegram`
-(python-telegram-bot), `botbouncer.aiogram` (aiogram 3). The agent guard's
-clients are here too: `GuardClient`, `AsyncGuardClient`.
+(python-telegram-bot), `botbouncer.aiogram` (aiogram 3), `botbouncer.slack`
+(Slack Bolt's AsyncApp). The agent guard's clients are here too:
+`GuardClient`, `AsyncGuardClient`.
 
 `gateway` and `adapters` are the implementation; this package is the API.
 """

@@ -16,8 +16,8 @@ bot and a fronted bot in one chat keep one count.
         elif d.action is Action.WARN:
             ...post d.warning, then bouncer.sent(d, [its id])
 
-The middlewares in botbouncer.discord, botbouncer.telegram and
-botbouncer.aiogram do this for you.
+The middlewares in botbouncer.discord, botbouncer.telegram,
+botbouncer.aiogram and botbouncer.slack do this for you.
 """
 
 from __future__ import annotations

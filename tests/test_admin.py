@@ -340,7 +340,8 @@ async def test_a_bare_chat_id_and_its_http_key_address_the_same_chat(api: Api, c
         ("discord:123", "discord:123"),
         ("telegram:-100:7", "telegram:-100:7"),
         ("http:", "http:http:"),  # no id after the platform: a bare id
-        ("slack:x", "http:slack:x"),  # not a platform: a bare id with a colon
+        ("slack:C1:1700000000.000100", "slack:C1:1700000000.000100"),  # a Slack thread
+        ("matrix:x", "http:matrix:x"),  # not a platform: a bare id with a colon
         (":x", "http::x"),
         ("a/b", "http:a/b"),
     ],
