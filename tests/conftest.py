@@ -8,6 +8,9 @@ REDIS_URL (default redis://127.0.0.1:6379/15) is used when it answers;
 otherwise a private redis-server is started on a free port for the session.
 Each test gets its own key prefix and its keys are deleted afterwards, so a
 shared Redis is left as it was found.
+
+`synapse` is a private Synapse homeserver (tests/synapse.py), started once per
+run by the first test that asks for it and stopped at the end.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from gateway.store.redis import RedisStore
 from tests.decisions import Decisions, capture
 from tests.fakes.webhook import FakeWebhook
 from tests.redis_server import RedisServer, answers
+from tests.synapse import Synapse
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/15"
 
@@ -43,6 +47,17 @@ def redis_url() -> Iterator[str]:
         pytest.exit(f"botbouncer tests need Redis: {exc}", returncode=3)
     try:
         yield server.url.rsplit("/", 1)[0] + "/15"
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def synapse() -> Iterator[Synapse]:
+    """One homeserver for the run. If it cannot start, each test using it
+    errors with the reason and Synapse's log tail: never a skip."""
+    server = Synapse().start()
+    try:
+        yield server
     finally:
         server.stop()
 
