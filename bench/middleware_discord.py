@@ -34,19 +34,16 @@ from pathlib import Path
 import discord
 import redis.asyncio as aioredis
 import yaml
-from _e2e import MESSAGES, ROUNDS, WINDOW, alternate, report, stop
-from _redis import delete_matching, main_on_redis, redis_version
+from _e2e import MESSAGES, ROUNDS, WINDOW, bench_main, compare, started
+from _redis import delete_matching, redis_version
 from e2e_discord import (
     BOT_ID,
     CHANNELS,
     HERE,
     HUMANS,
-    STARTED,
     TOKEN,
-    Contestant,
-    Unmeasurable,
+    DiscordContestant,
     snowflake_base,
-    spawn,
 )
 
 NAME = "middleware_discord"
@@ -79,46 +76,38 @@ async def measure(url: str, private: bool) -> str:
     workdir = Path(tempfile.mkdtemp(prefix="bb-middleware-discord-"))
     base = snowflake_base()
     channel_ids = [base + n for n in range(CHANNELS)]
-    bare = Contestant("a bare", workdir, channel_ids)
-    wrapped = Contestant("b floor" if FLOOR else "b guarded", workdir, channel_ids)
-    wrapped.redis = store = aioredis.from_url(url)
+    bare = DiscordContestant("a bare", workdir, channel_ids)
+    wrapped = DiscordContestant("b floor" if FLOOR else "b guarded", workdir, channel_ids)
+    wrapped.redis = aioredis.from_url(url)
     ok = False
     try:
-        for c in (bare, wrapped):
-            await c.fake.start()
-        config = bouncer_config(workdir, url)
-        bot = str(HERE / "_bare_discord.py")
-        bare.proc = spawn([sys.executable, bot, bare.fake.api_base, bare.fake.gateway_url,
-                           TOKEN], bare.log)  # fmt: skip
-        b_arg = url if FLOOR else str(config)
-        wrapped.proc = spawn([sys.executable, bot, wrapped.fake.api_base,
-                              wrapped.fake.gateway_url, TOKEN, b_arg], wrapped.log)  # fmt: skip
-        where = "a private redis-server" if private else f"REDIS_URL {url} (keys deleted after)"
-        print(f"fake Discord in this process, one per contestant; {CHANNELS} channels, "
-              f"{HUMANS} humans; every message mentions the bot")  # fmt: skip
-        print(f"a: bench/_bare_discord.py (discord.py {discord.__version__} Client, echo)")
-        b_is = (
-            "one redis-py PING per message (--floor)" if FLOOR else "guard(client, Bouncer(config))"
-        )
-        print(f"b: the same, plus {b_is}: Redis {await redis_version(url)} on {where}")
-        print(f"{MESSAGES} messages per run, {WINDOW} in flight, {ROUNDS} rounds after a "
-              f"warm-up; Python {platform.python_version()}, {os.cpu_count()} CPUs",
-              flush=True)  # fmt: skip
-        await bare.ready()
-        await wrapped.ready()
-        print()
-        a, b = await alternate(bare.run, wrapped.run)
-        last = report(a, b, throughput_target=TARGET)
-        print("CPU ms per message, median over the rounds (fake+driver: this process):")
-        for c in (bare, wrapped):
-            print(f"  {c.cpu_line()}")
-        ok = True
-        return last
+        async with started(bare, wrapped):
+            config = bouncer_config(workdir, url)
+            bot = str(HERE / "_bare_discord.py")
+            bare.spawn([sys.executable, bot, bare.fake.api_base, bare.fake.gateway_url, TOKEN])
+            b_arg = url if FLOOR else str(config)
+            wrapped.spawn([sys.executable, bot, wrapped.fake.api_base, wrapped.fake.gateway_url,
+                           TOKEN, b_arg])  # fmt: skip
+            where = "a private redis-server" if private else f"REDIS_URL {url} (keys deleted after)"
+            print(f"fake Discord in this process, one per contestant; {CHANNELS} channels, "
+                  f"{HUMANS} humans; every message mentions the bot")  # fmt: skip
+            print(f"a: bench/_bare_discord.py (discord.py {discord.__version__} Client, echo)")
+            b_is = (
+                "one redis-py PING per message (--floor)"
+                if FLOOR
+                else "guard(client, Bouncer(config))"
+            )
+            print(f"b: the same, plus {b_is}: Redis {await redis_version(url)} on {where}")
+            print(f"{MESSAGES} messages per run, {WINDOW} in flight, {ROUNDS} rounds after a "
+                  f"warm-up; Python {platform.python_version()}, {os.cpu_count()} CPUs",
+                  flush=True)  # fmt: skip
+            await bare.ready()
+            await wrapped.ready()
+            print()
+            last = await compare(bare, wrapped, throughput_target=TARGET)
+            ok = True
+            return last
     finally:
-        stop([p for p in (bare.proc, wrapped.proc) if p is not None], NAME)
-        await store.aclose()
-        for c in (bare, wrapped):
-            await c.fake.close()
         if not private:
             await delete_matching(url, *(f"bb:{{discord:{c}}}:*" for c in channel_ids),
                                   "bb:t:bench/*")  # fmt: skip
@@ -128,15 +117,5 @@ async def measure(url: str, private: bool) -> str:
             print(f"{NAME}: logs kept in {workdir}", file=sys.stderr)
 
 
-def main() -> int:
-    try:
-        return main_on_redis(NAME, measure)
-    except Unmeasurable as exc:
-        print(f"{NAME}: cannot measure: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        stop(STARTED, NAME)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(bench_main(NAME, measure))
