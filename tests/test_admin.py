@@ -341,7 +341,7 @@ async def test_a_bare_chat_id_and_its_http_key_address_the_same_chat(api: Api, c
         ("telegram:-100:7", "telegram:-100:7"),
         ("http:", "http:http:"),  # no id after the platform: a bare id
         ("slack:C1:1700000000.000100", "slack:C1:1700000000.000100"),  # a Slack thread
-        ("matrix:x", "http:matrix:x"),  # not a platform: a bare id with a colon
+        ("irc:x", "http:irc:x"),  # not a platform: a bare id with a colon
         (":x", "http::x"),
         ("a/b", "http:a/b"),
     ],

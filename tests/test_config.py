@@ -235,7 +235,7 @@ bots:
         "defaults.reply_decision.enabled: must be true or false",
         "defaults.reply_decision.max_tokens: must be an integer",
         "defaults.reply_decision.context_messages: must be <= 50",
-        "bots[0].platform: must be one of: discord, telegram, slack, http",
+        "bots[0].platform: must be one of: discord, telegram, slack, matrix, http",
         "bots[0].backend.type: must be one of: echo, webhook, openai, python",
         "bots[0].admins: must be a mapping",
     ]

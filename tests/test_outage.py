@@ -422,3 +422,19 @@ async def test_script_flush_and_a_restart_that_loses_every_key_never_reach_a_cha
     assert {s[1] for s in traffic.seen} == {200}
     assert {s[2] for s in traffic.seen} == {"reply"}
     assert traffic.during("flushed") and traffic.during("restarted")
+
+
+async def test_a_cursor_saved_while_redis_is_away_is_read_back_from_memory(
+    redis: RedisServer, store: FailoverStore
+) -> None:
+    """A sync position taken during an outage is kept (in this process's
+    memory) rather than lost, and read from Redis again once it is back."""
+    await store.set_cursor("matrix:@bot:x", "before")
+    redis.kill()
+    await store.set_cursor("matrix:@bot:x", "during")
+    assert store.degraded
+    assert await store.get_cursor("matrix:@bot:x") == "during"
+    redis.start()  # a fresh Redis: nothing kept on disk
+    await store.wait_recovered()
+    await store.set_cursor("matrix:@bot:x", "after")
+    assert await store.get_cursor("matrix:@bot:x") == "after"

@@ -14,7 +14,7 @@ from gateway.api.common import BadRequest, json_body, reply
 from gateway.errors import BotbouncerError
 from gateway.store.base import DECISION_LOG_SIZE
 
-PLATFORMS = ("http", "discord", "telegram", "slack")
+PLATFORMS = ("http", "discord", "telegram", "slack", "matrix")
 
 
 class AdminRoutes:

@@ -127,7 +127,7 @@ class AdminsConfig(Model):
     role_ids: Ids = ()
 
 
-Platform: TypeAlias = Literal["discord", "telegram", "slack", "http"]
+Platform: TypeAlias = Literal["discord", "telegram", "slack", "matrix", "http"]
 # proxy: the daemon connects to the platform with the bot's token and its
 # backend answers; decide: the bot keeps its token and its code, and asks
 # (POST /v1/bots/<name>/decide, or the botbouncer package in process).
@@ -214,6 +214,39 @@ class SlackConfig(Model):
         return self
 
 
+_MXID = re.compile(r"^@[^:\s]+:[^\s]+$")
+_SERVER = re.compile(r"^[A-Za-z0-9.\-]+(:[0-9]{1,5})?$|^\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?$")
+
+
+class MatrixConfig(Model):
+    """Matrix only: the homeserver (its client-server API URL), the bot's
+    account (`token` is its access token), and whose invites it accepts:
+    user ids (`@alice:example.org`) or server names (`example.org`: anyone
+    on it). Invites from anyone else are declined."""
+
+    homeserver: HttpUrl
+    user_id: NonEmptyStr
+    auto_join: tuple[NonEmptyStr, ...] = ()
+
+    @field_validator("user_id")
+    @classmethod
+    def _user_id(cls, value: str) -> str:
+        if not _MXID.match(value):
+            raise ValueError(f"must be a Matrix user id like @bot:example.org, not {value!r}")
+        return value
+
+    @field_validator("auto_join")
+    @classmethod
+    def _auto_join(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for entry in value:
+            if not (_MXID.match(entry) or _SERVER.match(entry)):
+                raise ValueError(
+                    f"{entry!r} is neither a user id (@alice:example.org) nor a server name "
+                    "(example.org)"
+                )
+        return value
+
+
 class BotConfig(Policy):
     """One bot behind the gateway: its identity, platform, backend and policy.
 
@@ -242,11 +275,15 @@ class BotConfig(Policy):
     telegram: TelegramConfig = TelegramConfig()
     # Slack only (validated after `token`: unset, it is checked by _slack)
     slack: SlackConfig | None = None
+    # Matrix only (required there, checked by _slack)
+    matrix: MatrixConfig | None = None
 
-    @field_validator("gateway_url", "shard_count", "shard_ids", "guild_ids", "telegram", "slack")
+    @field_validator(
+        "gateway_url", "shard_count", "shard_ids", "guild_ids", "telegram", "slack", "matrix"
+    )
     @classmethod
     def _platform_only(cls, value: Any, info: ValidationInfo) -> Any:
-        owners = {"telegram": "Telegram", "slack": "Slack"}
+        owners = {"telegram": "Telegram", "slack": "Slack", "matrix": "Matrix"}
         owner = owners.get(info.field_name or "", "Discord")
         platform = info.data.get("platform")
         unset = value in (None, ()) or value == TelegramConfig()
@@ -299,7 +336,7 @@ class BotConfig(Policy):
             if value is not None:
                 raise ValueError("a decide bot keeps its token: botbouncer never connects for it")
             return value
-        if value is None and platform in ("discord", "telegram", "slack"):
+        if value is None and platform in ("discord", "telegram", "slack", "matrix"):
             raise ValueError(f"is required for platform {platform}")
         if platform == "slack" and value and not value.get_secret_value().startswith("xoxb-"):
             raise ValueError("a Slack bot's token is its bot token (xoxb-...), under "
@@ -315,6 +352,13 @@ class BotConfig(Policy):
             )
         if self.mode == "decide" and self.slack is not None:
             raise ValueError("slack: a decide bot keeps its own connection")
+        if self.platform == "matrix" and self.mode == "proxy":
+            if self.matrix is None:
+                raise ValueError("matrix: is required for platform matrix: homeserver and user_id")
+            if self.api_base is not None:
+                raise ValueError("api_base: a Matrix bot's server is matrix.homeserver")
+        if self.mode == "decide" and self.matrix is not None:
+            raise ValueError("matrix: a decide bot keeps its own connection")
         return self
 
     @field_validator("backend")

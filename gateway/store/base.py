@@ -280,6 +280,15 @@ class Store(Protocol):
         """The chat's newest decisions, newest first."""
         ...
 
+    async def get_cursor(self, name: str) -> str | None:
+        """A platform connection's read position (Matrix's sync token) under
+        `name`, or None when none was saved (or it lapsed with the state)."""
+        ...
+
+    async def set_cursor(self, name: str, value: str) -> None:
+        """Save a read position; it lapses after the state TTL unused."""
+        ...
+
     async def ping(self) -> None:
         """Raise StoreError when the store cannot be reached (for /healthz)."""
         ...

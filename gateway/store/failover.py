@@ -289,6 +289,17 @@ class FailoverStore:
             lambda: self.fallback.decisions(chat, limit),
         )
 
+    async def get_cursor(self, name: str) -> str | None:
+        return await self.run(
+            lambda: self.primary.get_cursor(name), lambda: self.fallback.get_cursor(name)
+        )
+
+    async def set_cursor(self, name: str, value: str) -> None:
+        # Saved in both: a position taken while Redis was away is not lost
+        # when it comes back (an older one there is only repeats, deduplicated).
+        await self.fallback.set_cursor(name, value)
+        await self.run(lambda: self.primary.set_cursor(name, value), _nothing)
+
     async def ping(self) -> None:
         """Raise StoreError while degraded, naming why and since when, or when
         Redis refuses the write check (for /healthz). Never a reason to leave
@@ -308,3 +319,7 @@ class FailoverStore:
             await asyncio.gather(self._probe, return_exceptions=True)
         await self.primary.close()
         await self.fallback.close()
+
+
+async def _nothing() -> None:
+    return None

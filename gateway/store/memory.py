@@ -126,6 +126,7 @@ class MemoryStore:
         self._evicted = 0  # forgotten before they expired, since the last warning
         self._warned_at = -float("inf")
         self._tickets: MemoryTickets[str] = MemoryTickets()
+        self._cursors: dict[str, str] = {}
 
     # -- plumbing ---------------------------------------------------------
 
@@ -461,6 +462,12 @@ class MemoryStore:
         if state is None:
             return []
         return [_unpack(entry) for entry in state.log[::-1][:limit]]
+
+    async def get_cursor(self, name: str) -> str | None:
+        return self._cursors.get(name)
+
+    async def set_cursor(self, name: str, value: str) -> None:
+        self._cursors[name] = value  # one per connected bot: nothing to bound
 
     async def ping(self) -> None:
         return None

@@ -482,6 +482,15 @@ class RedisStore:
             raw = await self.client.lrange(self.keys(chat).log, 0, limit - 1)
         return [unpack_log(r) for r in raw]
 
+    async def get_cursor(self, name: str) -> str | None:
+        with failing("reading a cursor"):
+            value = await self.client.get(f"{self.prefix}:cursor:{name}")
+        return None if value is None else str(value)
+
+    async def set_cursor(self, name: str, value: str) -> None:
+        with failing("saving a cursor"):
+            await self.client.set(f"{self.prefix}:cursor:{name}", value, px=self._state_ttl)
+
     async def ping(self) -> None:
         """Check what decisions need of Redis: a write. A Redis that answers
         PING but refuses writes (out of memory under `noeviction`, a replica

@@ -555,3 +555,15 @@ async def test_the_decision_log_keeps_the_newest_fifty(store: Store) -> None:
     assert {e["reason"] for e in log} == {"not_addressed"}
     assert set(log[0]) == {"at", "bot", "id", "author", "action", "reason", "turn", "soft",
                            "hard"}  # fmt: skip
+
+
+# -- cursors (a platform connection's read position) -------------------------
+
+
+async def test_a_cursor_is_kept_by_name_and_replaced(store: Store) -> None:
+    assert await store.get_cursor("matrix:@a:x") is None
+    await store.set_cursor("matrix:@a:x", "s1_2")
+    await store.set_cursor("matrix:@b:x", "t9")
+    await store.set_cursor("matrix:@a:x", "s3_4")
+    assert await store.get_cursor("matrix:@a:x") == "s3_4"
+    assert await store.get_cursor("matrix:@b:x") == "t9"
