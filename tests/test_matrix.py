@@ -47,8 +47,12 @@ def run(redis_url: str, key_prefix: str) -> Callable[..., Any]:
 
 
 async def notices(
-    synapse: Synapse, user: User, room: str, n: int, timeout: float = 10
-) -> list[dict[str, Any]]:  # noqa: ASYNC109
+    synapse: Synapse,
+    user: User,
+    room: str,
+    n: int,
+    timeout: float = 10,  # noqa: ASYNC109
+) -> list[dict[str, Any]]:
     """The room's m.notice events once there are at least `n`."""
     async with asyncio.timeout(timeout):
         while True:
