@@ -271,7 +271,7 @@ _CHAT = {
     "required": True,
     "schema": {"type": "string", "minLength": 1},
     "description": "`http:room1`, `discord:1234`, `telegram:-1001:7`, "
-    "`slack:C0123:1700000000.000100`; a bare id is an HTTP chat.",
+    "`slack:C0123:1700000000.000100`, `matrix:!room:example.org`; a bare id is an HTTP chat.",
 }
 _BOT_QUERY = {
     "name": "bot",

@@ -49,7 +49,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 ELLIPSIS = "…"
 RUN_LANGS = ("sh", "python")
 _FENCE = re.compile(r"^\s*```(\w*)\s*$")
-_MARKER = re.compile(r"^<!--\s*(daemon|not run):\s*(.*?)\s*-->\s*$")
+_MARKER = re.compile(r"^\s*<!--\s*(daemon|not run):\s*(.*?)\s*-->\s*$")  # in a list item too
 
 
 @dataclass
