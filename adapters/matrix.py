@@ -185,7 +185,8 @@ class MatrixAdapter:
         self._http: aiohttp.ClientSession | None = None
         self.api: ClientAPI | None = None
         self.rooms: dict[str, _Room] = {}
-        self._own: OrderedDict[str, None] = OrderedDict()  # own event ids, newest last
+        # own event ids, newest last; True: an aside (an admin command's answer)
+        self._own: OrderedDict[str, bool] = OrderedDict()
         self._batches: deque[_Batch] = deque()
         self._saving = asyncio.Lock()
         self._saved = ""
@@ -223,14 +224,16 @@ class MatrixAdapter:
         except MatrixError:
             self.display_name = ""
         since = await self.gateway.store.get_cursor(self.cursor)
+        saved = since is not None
         if since is None:
             since = await self._first_sync()
         self._saved = since
-        self._loop = asyncio.create_task(self._sync_loop(since), name=f"matrix:{self.bot.name}")
+        self._loop = asyncio.create_task(self._sync_loop(since, full_state=saved),
+                                         name=f"matrix:{self.bot.name}")  # fmt: skip
         log.info("bot %s is on Matrix as %s (%s) at %s, %d room(s), syncing from %s",
                  self.bot.name, self.user_id, self.display_name or "no display name",
                  self.settings.homeserver, len(self.rooms),
-                 "the saved position" if since == self._saved else "now")  # fmt: skip
+                 "the saved position" if saved else "now")  # fmt: skip
 
     async def _first_sync(self) -> str:
         """No saved position: learn the rooms and take the invites, but answer
@@ -267,12 +270,16 @@ class MatrixAdapter:
 
     # -- the sync loop ------------------------------------------------------------
 
-    async def _sync_loop(self, since: str) -> None:
+    async def _sync_loop(self, since: str, *, full_state: bool = False) -> None:
+        """From a saved position the first /sync asks for the rooms' full state
+        too (members: which room is a DM; encryption), which this process
+        has not seen; the timeline is still everything since the position."""
         assert self.api is not None
         delay = SYNC_RETRY_MIN
         while not self._stopping:
             try:
-                data = await self.api.sync(since=SyncToken(since), timeout=SYNC_TIMEOUT_MS)
+                data = await self.api.sync(since=SyncToken(since), timeout=SYNC_TIMEOUT_MS,
+                                           full_state=full_state)  # fmt: skip
             except asyncio.CancelledError:
                 raise
             except (MatrixError, aiohttp.ClientError, OSError, ValueError) as exc:
@@ -288,15 +295,24 @@ class MatrixAdapter:
             batch = _Batch(position)
             self._batches.append(batch)
             try:
-                await self._rooms_state(data, handle=True, batch=batch)
+                await self._rooms_state(data, handle=True, batch=batch, known=full_state)
             except StoreError as exc:
                 log.error("bot %s: a /sync batch was not handled: %s", self.bot.name, exc)
+            full_state = False
             since = position
             await self._settled()
 
     async def _rooms_state(
-        self, data: dict[str, Any], *, handle: bool, batch: _Batch | None = None
+        self,
+        data: dict[str, Any],
+        *,
+        handle: bool,
+        batch: _Batch | None = None,
+        known: bool = False,
     ) -> None:
+        """Invites, leaves, and each joined room's state and timeline. `known`:
+        the rooms' full state from before a saved position, where an
+        encrypted room was refused by the run that saw it become so."""
         rooms = data.get("rooms")
         if not isinstance(rooms, dict):
             return
@@ -319,6 +335,8 @@ class MatrixAdapter:
             state = room.get("state")
             for event in _events(state):
                 self._learn(rid, info, event)
+            if known and info.encrypted:
+                info.warned = True
             timeline = _events(room.get("timeline"))
             for event in timeline:
                 if "state_key" in event:
@@ -377,8 +395,8 @@ class MatrixAdapter:
         """One timeline event: read now (no task for what is not a turn, or an
         echo of the bot's own reply), else handled in a task of its own that
         the batch waits for."""
-        if event.get("type") == "m.room.encrypted":
-            return  # the room was refused visibly (_refuse_encrypted)
+        if info.encrypted or event.get("type") == "m.room.encrypted":
+            return  # the room was refused visibly (_refuse_encrypted): no part in it
         try:
             msg = from_event(room_id, event, dm=len(info.members) == 2)
         except PayloadError as exc:
@@ -388,6 +406,8 @@ class MatrixAdapter:
         if msg is None:
             return
         if msg.author.id == self.user_id:
+            if self._own.get(msg.id):
+                return  # an admin command's answer, filed as an aside when sent
             self._remember(msg.id)
         msg = self._addressing(msg, event)
         command = admin_command(msg.text) if not msg.system else None
@@ -415,8 +435,8 @@ class MatrixAdapter:
             changes["mentions"] = (*msg.mentions, self.user_id)
         return replace(msg, **changes) if changes else msg
 
-    def _remember(self, event_id: str) -> None:
-        self._own[event_id] = None
+    def _remember(self, event_id: str, aside: bool = False) -> None:
+        self._own[event_id] = aside or self._own.get(event_id, False)
         if len(self._own) > OWN_REMEMBERED:
             self._own.popitem(last=False)
 
@@ -462,6 +482,8 @@ class MatrixAdapter:
             await self._save()
 
     async def _save(self) -> None:
+        if not self._saved:  # a start that failed knows no position: keep the saved one
+            return
         async with self._saving:
             try:
                 await self.gateway.store.set_cursor(self.cursor, self._saved)
@@ -601,6 +623,7 @@ class MatrixAdapter:
             except SendFailed as exc:
                 log.warning("bot %s: answering an admin command failed: %s", self.bot.name, exc)
                 return
+            self._remember(sent, aside=True)
             await self.gateway.note(msg.chat.key, sent, piece)
 
 

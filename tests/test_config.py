@@ -817,6 +817,13 @@ def test_the_commented_slack_bot_in_the_example_is_valid() -> None:
         assert bot.api_base == ("http://127.0.0.1:8082/api/" if options else None)
 
 
+def test_the_commented_matrix_bot_in_the_example_is_valid() -> None:
+    bot = parse_config(commented_bot("matrix-helper"), env={"MATRIX_TOKEN": "syt_t"}).bots[0]
+    assert (bot.platform, bot.bot_messages) == ("matrix", "mentions")
+    assert bot.matrix is not None
+    assert (bot.matrix.user_id, bot.matrix.auto_join) == ("@helper:example.org", ("example.org",))
+
+
 @pytest.mark.parametrize(
     ("bot", "problem"),
     [
@@ -926,3 +933,113 @@ def test_a_mixed_up_token_is_never_echoed() -> None:
 def test_a_decide_mode_slack_bot_needs_no_token_or_slack_section() -> None:
     bot = parse_config("bots:\n  - {name: s, platform: slack, mode: decide}\n").bots[0]
     assert (bot.mode, bot.token, bot.slack) == ("decide", None, None)
+
+
+# --- Matrix ----------------------------------------------------------------------------
+
+MATRIX = "{name: m, platform: matrix, token: syt_topsecret, backend: {type: echo}"
+HOMESERVER = "homeserver: 'https://matrix.example.org', user_id: '@helper:example.org'"
+
+
+def test_a_matrix_bot_reads_its_homeserver_account_and_auto_join() -> None:
+    text = f"{MATRIX}, matrix: {{{HOMESERVER}, auto_join: ['@alice:example.org', example.org, "
+    text += "'localhost:8448']}}"
+    bot = parse_config(f"bots:\n  - {text}\n").bots[0]
+    assert bot.matrix is not None and bot.token is not None
+    assert (bot.matrix.homeserver, bot.matrix.user_id) == (
+        "https://matrix.example.org",
+        "@helper:example.org",
+    )
+    assert bot.matrix.auto_join == ("@alice:example.org", "example.org", "localhost:8448")
+    assert bot.token.get_secret_value() == "syt_topsecret"
+    bare = parse_config(f"bots:\n  - {MATRIX}, matrix: {{{HOMESERVER}}}}}\n").bots[0]
+    assert bare.matrix is not None and bare.matrix.auto_join == ()  # joins nothing by itself
+
+
+@pytest.mark.parametrize(
+    ("bot", "problem"),
+    [
+        (f"{MATRIX}}}", "bots[0]: matrix: is required for platform matrix: homeserver and user_id"),
+        (
+            f"{MATRIX}, matrix: {{homeserver: 'https://matrix.example.org', user_id: helper}}}}",
+            "bots[0].matrix.user_id: must be a Matrix user id like @bot:example.org, not 'helper'",
+        ),
+        (
+            f"{MATRIX}, matrix: {{homeserver: 'https://m.example.org', user_id: '@helper'}}}}",
+            "bots[0].matrix.user_id: must be a Matrix user id like @bot:example.org, not '@helper'",
+        ),
+        (
+            f"{MATRIX}, matrix: {{homeserver: 'https://m.example.org', "
+            "user_id: '@hel per:example.org'}}",
+            "bots[0].matrix.user_id: must be a Matrix user id like @bot:example.org, "
+            "not '@hel per:example.org'",
+        ),
+        (
+            f"{MATRIX}, matrix: {{{HOMESERVER}, auto_join: ['not a server!']}}}}",
+            "bots[0].matrix.auto_join: 'not a server!' is neither a user id "
+            "(@alice:example.org) nor a server name (example.org)",
+        ),
+        (
+            f"{MATRIX}, matrix: {{{HOMESERVER}, auto_join: [example.org, '@alice']}}}}",
+            "bots[0].matrix.auto_join: '@alice' is neither a user id (@alice:example.org) "
+            "nor a server name (example.org)",
+        ),
+        (
+            f"{MATRIX}, matrix: {{{HOMESERVER}, auto_join: ['']}}}}",
+            "bots[0].matrix.auto_join[0]: must not be empty",
+        ),
+        (
+            f"{MATRIX}, matrix: {{{HOMESERVER}}}, api_base: 'https://matrix.example.org'}}",
+            "bots[0]: api_base: a Matrix bot's server is matrix.homeserver",
+        ),
+        (
+            f"{MATRIX}, matrix: {{homeserver: matrix.example.org, user_id: '@h:example.org'}}}}",
+            "bots[0].matrix.homeserver: must be an http:// or https:// URL",
+        ),
+        (
+            f"{MATRIX}, matrix: {{user_id: '@helper:example.org'}}}}",
+            "bots[0].matrix.homeserver: is required",
+        ),
+        (
+            f"{MATRIX}, matrix: {{{HOMESERVER}, autojoin: [example.org]}}}}",
+            "bots[0].matrix.autojoin: unknown key",
+        ),
+        (
+            "{name: m, platform: matrix, backend: {type: echo}, matrix: {" + HOMESERVER + "}}",
+            "bots[0].token: is required for platform matrix",
+        ),
+        (
+            f"{MATRIX}, matrix: {{{HOMESERVER}}}, admins: {{role_ids: [R1]}}}}",
+            "bots[0].admins: role_ids: matrix has no roles; list people under user_ids",
+        ),
+        (
+            "{name: m, platform: matrix, mode: decide, matrix: {" + HOMESERVER + "}}",
+            "bots[0]: matrix: a decide bot keeps its own connection",
+        ),
+        (
+            "{name: m, platform: matrix, mode: decide, token: syt_topsecret}",
+            "bots[0].token: a decide bot keeps its token: botbouncer never connects for it",
+        ),
+    ],
+)
+def test_matrix_settings_are_checked(bot: str, problem: str) -> None:
+    assert problems(f"bots:\n  - {bot}\n") == [problem]
+    assert "topsecret" not in problem
+
+
+@pytest.mark.parametrize("platform", ["http", "telegram", "discord", "slack"])
+def test_a_matrix_section_belongs_to_a_matrix_bot(platform: str) -> None:
+    extra = {"http": "", "telegram": ", token: t", "discord": ", token: t",
+             "slack": ", token: xoxb-1, slack: {app_token: xapp-1}"}[platform]  # fmt: skip
+    bot = f"{{name: x, platform: {platform}{extra}, backend: {{type: echo}}, "
+    bot += f"matrix: {{{HOMESERVER}}}}}"
+    assert problems(f"bots:\n  - {bot}\n") == [
+        f"bots[0].matrix: is a Matrix setting; this bot's platform is {platform}"
+    ]
+
+
+def test_a_decide_mode_matrix_bot_needs_no_token_or_matrix_section() -> None:
+    bot = parse_config("bots:\n  - {name: m, platform: matrix, mode: decide}\n").bots[0]
+    assert (bot.mode, bot.token, bot.matrix, bot.backend) == ("decide", None, None, None)
+    named = "bots:\n  - {name: m, platform: matrix, mode: decide, user_id: '@m:example.org'}\n"
+    assert parse_config(named).bots[0].user_id == "@m:example.org"
