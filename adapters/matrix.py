@@ -16,6 +16,7 @@ post notices and do not answer them); the adapter's own replies are notices.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import re
 from collections import OrderedDict, deque
@@ -529,12 +530,12 @@ class MatrixAdapter:
     async def _send_notice(self, room_id: str, text: str) -> str:
         return await self._send(room_id, {"msgtype": "m.notice", "body": text, "m.mentions": {}})
 
-    async def _send(self, room_id: str, content: dict[str, Any]) -> str:
+    async def _send(self, room_id: str, content: dict[str, Any], txn: str | None = None) -> str:
         """PUT the event under one transaction id, however often it is tried:
         the homeserver posts it once. A rate limit is waited out SEND_RETRIES
         times; a connection lost mid-request is tried again (same id)."""
         assert self.api is not None
-        txn = self.api.api.get_txn_id()
+        txn = txn or self.api.api.get_txn_id()
         for attempt in range(SEND_RETRIES + 1):
             try:
                 event_id = await self.api.send_message_event(
@@ -590,7 +591,10 @@ class MatrixAdapter:
 
     async def _admin(self, msg: Message, command: str) -> None:
         """Run `!bouncer …` and answer with a notice, filed as an aside: no bot
-        counts it or answers it."""
+        counts it or answers it. Every replica of the bot syncs the command
+        and runs it (each command does the same when run twice); the answer's
+        transaction id comes from the command's event id, so the homeserver
+        posts one answer for all of them."""
         actor = f"matrix:{msg.author.id}"
         allowed = msg.author.id in self.bot.admins.user_ids
         if not allowed:
@@ -617,9 +621,11 @@ class MatrixAdapter:
         await self._answer(msg, text)
 
     async def _answer(self, msg: Message, text: str) -> None:
+        command = hashlib.sha256(msg.id.encode()).hexdigest()[:32]
         for i, piece in enumerate(split_message(text, MESSAGE_LIMIT)):
+            content = self._content(msg, piece, reply=i == 0)
             try:
-                sent = await self._send(msg.chat.id, self._content(msg, piece, reply=i == 0))
+                sent = await self._send(msg.chat.id, content, txn=f"botbouncer-{command}-{i}")
             except SendFailed as exc:
                 log.warning("bot %s: answering an admin command failed: %s", self.bot.name, exc)
                 return

@@ -555,6 +555,27 @@ async def test_bouncer_for_power_level_50_the_creator_and_configured_ids_only(
 # -- invites ---------------------------------------------------------------------------
 
 
+async def test_a_command_is_run_and_answered_once_by_replicas_of_one_bot(
+    synapse: Synapse, run: Callable[..., Any], decisions: Decisions
+) -> None:
+    """Two daemons for one account (replicas) both sync `!bouncer pause` and
+    run it (pausing twice is pausing): the homeserver posts one answer, as
+    both send it under one transaction id."""
+    owner = await synapse.register(fresh("owner"))
+    alpha = await synapse.register(fresh("alpha"), displayname="Alpha")
+    room = await joined_room(synapse, owner, alpha)
+    config = bot("alpha", alpha, synapse)
+    async with run(config) as one, run(config) as two:
+        said = await synapse.send_text(owner, room, "!bouncer pause")
+        await answer_to(synapse, owner, room, said)
+        await one.inflight.idle()
+        await two.inflight.idle()
+        assert decided(decisions, said, alpha) == []  # a command is no conversation message
+        answers = [e for e in await synapse.messages(owner, room, limit=100) if is_notice(e)]
+        assert len(answers) == 1 and answers[0]["content"]["body"].startswith("Paused")
+        assert (await one.server.admins["alpha"].status(chat(room))).paused
+
+
 async def test_invites_are_taken_from_auto_join_only(
     synapse: Synapse, run: Callable[..., Any], caplog: pytest.LogCaptureFixture
 ) -> None:
