@@ -11,7 +11,7 @@ This benchmark times, sequentially (concurrency 1), in one run, interleaved:
   (b) botbouncer  `await gw.handle(msg)` for such a message, classifier on, echo
                   backend, memory store: the classifier's POST is its only I/O
 
-against the test suite's fake LLM server (tests/fakes/llm.py), run in this
+against the test suite's fake LLM server (tests/fakes/llm/), run in this
 process, which waits a fixed "model time" before answering REPLY. That delay
 is subtracted from every sample of both sides, so the ratio b/a of the p50s
 (and of the p99s) compares what surrounds the model call. Target: <= 1.10.

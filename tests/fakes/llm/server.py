@@ -1,0 +1,161 @@
+"""The fake LLM server: one aiohttp app on 127.0.0.1 answering both APIs
+from one queue of behaviours."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import deque
+from types import TracebackType
+
+from aiohttp import web
+
+from tests.fakes.llm import anthropic_wire, openai_wire
+from tests.fakes.llm.behaviours import Behaviour, Exchange, answer, error_response
+from tests.fakes.llm.model import Api, Call
+
+
+class FakeLLM:
+    def __init__(self) -> None:
+        self.calls: list[Call] = []
+        self.default: Behaviour = answer("REPLY")
+        self.key: str | None = None
+        self.models: list[str] = ["fake-model"]  # what GET /v1/models lists
+        self._queue: deque[Behaviour] = deque()
+        self._stopping = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+        self._port = 0
+
+    @property
+    def base_url(self) -> str:
+        """OpenAI's base URL: openai.AsyncOpenAI(base_url=llm.base_url)."""
+        return f"http://127.0.0.1:{self._port}/v1"
+
+    @property
+    def url(self) -> str:
+        return f"{self.base_url}/chat/completions"
+
+    @property
+    def anthropic_base_url(self) -> str:
+        """Anthropic's base URL (no /v1): anthropic.AsyncAnthropic(base_url=...)."""
+        return f"http://127.0.0.1:{self._port}"
+
+    @property
+    def anthropic_url(self) -> str:
+        return f"{self.anthropic_base_url}/v1/messages"
+
+    @property
+    def count(self) -> int:
+        return len(self.calls)
+
+    @property
+    def last(self) -> Call:
+        return self.calls[-1]
+
+    def calls_to(self, api: Api) -> list[Call]:
+        """The recorded model calls (chat completions / messages) of one API."""
+        paths = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages"}
+        return [c for c in self.calls if c.path == paths[api]]
+
+    def then(self, *behaviours: Behaviour) -> FakeLLM:
+        """Queue behaviours, consumed one per (accepted) model call before `default`."""
+        self._queue.extend(behaviours)
+        return self
+
+    def require_key(self, key: str | None) -> FakeLLM:
+        """Answer 401 to requests without the key (None: no check): OpenAI's
+        `Authorization: Bearer <key>`; Anthropic's `x-api-key: <key>` or the Bearer."""
+        self.key = key
+        return self
+
+    async def start(self) -> FakeLLM:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._openai)
+        app.router.add_post("/v1/messages", self._anthropic)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_route("*", "/{tail:.*}", self._unknown)
+        self._runner = web.AppRunner(app, shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self._port = self._runner.addresses[0][1]
+        return self
+
+    async def stop(self) -> None:
+        self._stopping.set()  # release hang() and slow() first, so cleanup has nothing to wait on
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> FakeLLM:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def _record(self, request: web.Request, api: Api) -> Call:
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        try:
+            body = json.loads(await request.read()) if request.can_read_body else None
+        except ValueError:
+            body = None
+        call = Call(body if isinstance(body, dict) else None, headers, "")
+        call.path, call.api, call.method = request.path, api, request.method
+        self.calls.append(call)
+        return call
+
+    def _authorized(self, call: Call) -> bool:
+        if self.key is None:
+            return True
+        bearer = call.headers.get("authorization") == f"Bearer {self.key}"
+        if call.api == "anthropic":
+            return bearer or call.headers.get("x-api-key") == self.key
+        return bearer
+
+    async def _openai(self, request: web.Request) -> web.StreamResponse:
+        return await self._model_call(request, "openai")
+
+    async def _anthropic(self, request: web.Request) -> web.StreamResponse:
+        return await self._model_call(request, "anthropic")
+
+    async def _model_call(self, request: web.Request, api: Api) -> web.StreamResponse:
+        call = await self._record(request, api)
+        if not self._authorized(call):
+            call.behaviour = "unauthorized"
+            message = "Incorrect API key provided." if api == "openai" else "invalid x-api-key"
+            return error_response(api, 401, message)
+        if call.body is None:
+            call.behaviour = "bad_request"
+            return error_response(api, 400, "We could not parse the JSON body of your request.")
+        if api == "anthropic" and "anthropic-version" not in call.headers:
+            call.behaviour = "bad_request"
+            return error_response(api, 400, "anthropic-version: header is required")
+        behaviour = self._queue.popleft() if self._queue else self.default
+        call.behaviour = behaviour.name
+        return await behaviour.run(Exchange(request, call, call.body, self._stopping))
+
+    @staticmethod
+    def _api_of(request: web.Request) -> Api:
+        anthropic = "anthropic-version" in request.headers or "x-api-key" in request.headers
+        return "anthropic" if anthropic else "openai"
+
+    async def _models(self, request: web.Request) -> web.Response:
+        call = await self._record(request, self._api_of(request))
+        if not self._authorized(call):
+            call.behaviour = "unauthorized"
+            return error_response(call.api, 401, "Incorrect API key provided.")
+        call.behaviour = "models"
+        if call.api == "anthropic":
+            return anthropic_wire.models(self.models)
+        return openai_wire.models(self.models)
+
+    async def _unknown(self, request: web.Request) -> web.Response:
+        call = await self._record(request, self._api_of(request))
+        call.behaviour = "not_found"
+        message = f"Unknown request URL: {request.method} {request.path}"
+        return error_response(call.api, 404, message)
