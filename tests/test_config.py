@@ -16,6 +16,7 @@ from gateway.config import (
     load_config,
     parse_config,
 )
+from gateway.store.redis import SentinelUrl
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "config.example.yml"
@@ -350,7 +351,7 @@ def test_at_least_one_bot_is_required(bots: str) -> None:
     assert problems(bots) == ["bots: at least one bot is required"]
 
 
-SCHEMES = "memory://, redis://, rediss://, redis+cluster://"
+SCHEMES = "memory://, redis://, rediss://, redis+cluster://, redis+sentinel://, rediss+sentinel://"
 
 
 @pytest.mark.parametrize(
@@ -360,6 +361,16 @@ SCHEMES = "memory://, redis://, rediss://, redis+cluster://"
         ("mysql://db", f"unsupported scheme 'mysql'; use one of: {SCHEMES}"),
         ("localhost:6379", f"must be a URL starting with one of: {SCHEMES}"),
         ("redis://host:99999/0", "has an invalid port"),
+        ("redis+sentinel://h1:26379,h2/mymaster", "sentinel 'h2' is not host:port"),
+        (
+            "redis+sentinel://:s3cret@h1:26379/",
+            "names no service: redis+sentinel://host:port,.../<service>[/db]",
+        ),
+        (
+            "redis+sentinel://h1:26379/mymaster/zero",
+            "the path must be /<service> or /<service>/<db number>",
+        ),
+        ("redis+sentinel://h1:70000/mymaster", "sentinel 'h1:70000' is not host:port"),
     ],
 )
 def test_store_url_scheme_is_validated(url: str, message: str) -> None:
@@ -367,10 +378,32 @@ def test_store_url_scheme_is_validated(url: str, message: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "url", ["memory://", "redis://localhost:6379/0", "rediss://h:6380", "redis+cluster://h:7000"]
+    "url",
+    [
+        "memory://",
+        "redis://localhost:6379/0",
+        "rediss://h:6380",
+        "redis+cluster://h:7000",
+        "redis+sentinel://h1:26379,h2:26379,[::1]:26380/mymaster",
+        "rediss+sentinel://user:pw@h1:26379/mymaster/3?sentinel_password=sp",
+    ],
 )
 def test_store_url_accepts_the_supported_schemes(url: str) -> None:
     assert parse_config(f"store: {{url: '{url}'}}\n" + ONE_BOT).store.url == url
+
+
+def test_a_sentinel_url_names_sentinels_service_db_and_passwords() -> None:
+    url = SentinelUrl.parse("rediss+sentinel://u:p%40ss@h1:26379,[::1]:26380/my%20master/3"
+                            "?sentinel_password=sp")  # fmt: skip
+    assert url == SentinelUrl((("h1", 26379), ("::1", 26380)), "my master", 3, "u", "p@ss",
+                              "sp", tls=True)  # fmt: skip
+    plain = SentinelUrl.parse("redis+sentinel://h:1/m")
+    assert (plain.db, plain.password, plain.tls) == (0, None, False)
+
+
+def test_a_bad_sentinel_url_never_shows_its_password() -> None:
+    [problem] = problems("store: {url: 'redis+sentinel://:hunter2@h1/mymaster'}\n" + ONE_BOT)
+    assert "hunter2" not in problem and "is not host:port" in problem
 
 
 @pytest.mark.parametrize(

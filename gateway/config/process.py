@@ -13,7 +13,7 @@ from pydantic import Field, field_validator
 from gateway import defaults
 from gateway.fields import MAX_COUNT, MAX_TTL_SECONDS, Float, Int, Model, OptionalSecret
 
-STORE_SCHEMES = ("memory", "redis", "rediss", "redis+cluster")
+STORE_SCHEMES = ("memory", "redis", "rediss", "redis+cluster", "redis+sentinel", "rediss+sentinel")
 
 
 class StoreConfig(Model):
@@ -49,6 +49,11 @@ class StoreConfig(Model):
             raise ValueError(f"must be a URL starting with one of: {options}")
         if scheme.lower() not in STORE_SCHEMES:
             raise ValueError(f"unsupported scheme {scheme!r}; use one of: {options}")
+        if scheme.lower().endswith("+sentinel"):
+            from gateway.store.redis import SentinelUrl  # the one parser of these URLs
+
+            SentinelUrl.parse(value)  # its ValueError names the part, never the password
+            return value
         try:
             urlsplit(value).port  # noqa: B018 - parses and range-checks the port
         except ValueError:

@@ -12,13 +12,15 @@ import json
 import struct
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any
+from urllib.parse import parse_qsl, unquote
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -234,12 +236,15 @@ class _Cluster(RedisCluster):
 
 
 def connect(url: str, *, socket_timeout: float | None = 5.0) -> aioredis.Redis | RedisCluster:
-    """A client for `redis://`, `rediss://` or `redis+cluster://` URLs.
+    """A client for `redis://`, `rediss://`, `redis+cluster://` or
+    `redis+sentinel://` (`rediss+sentinel://`) URLs.
 
     `socket_timeout=None`: no timer per write or read, for a caller that
     bounds every call itself (FailoverStore with a bounded RedisStore)."""
     if url.startswith("redis+cluster://"):
         return _Cluster.from_url("redis://" + url[len("redis+cluster://") :], decode_responses=True)
+    if url.startswith(("redis+sentinel://", "rediss+sentinel://")):
+        return _sentinel_master(SentinelUrl.parse(url), socket_timeout)
     # One immediate retry reconnects a pooled connection Redis dropped (a
     # restart); more would only keep a message waiting on a Redis that is gone,
     # which FailoverStore answers for locally instead.
@@ -250,6 +255,74 @@ def connect(url: str, *, socket_timeout: float | None = 5.0) -> aioredis.Redis |
         socket_connect_timeout=2,
         socket_timeout=socket_timeout,
     )
+
+
+@dataclass(frozen=True)
+class SentinelUrl:
+    """`redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db]`
+    (`rediss+sentinel://` for TLS to the master); `?sentinel_password=` when
+    the sentinels have a password of their own. ValueError says what is wrong."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    sentinel_password: str | None = None
+    tls: bool = False
+
+    @classmethod
+    def parse(cls, url: str) -> SentinelUrl:
+        scheme, _, rest = url.partition("://")
+        rest, _, query = rest.partition("?")
+        auth, at, located = rest.rpartition("@")
+        if not at:
+            auth, located = "", rest
+        hosts, _, path = located.partition("/")
+        sentinels = []
+        for node in hosts.split(","):
+            host, colon, port = node.rpartition(":")
+            if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"sentinel {node!r} is not host:port")
+            sentinels.append((host.strip("[]"), int(port)))
+        parts = [unquote(p) for p in path.split("/") if p]
+        if not parts:
+            raise ValueError("names no service: redis+sentinel://host:port,.../<service>[/db]")
+        if len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
+            raise ValueError("the path must be /<service> or /<service>/<db number>")
+        user, _, password = auth.partition(":")
+        options = dict(parse_qsl(query))
+        return cls(
+            tuple(sentinels),
+            parts[0],
+            int(parts[1]) if len(parts) == 2 else 0,
+            unquote(user) or None,
+            unquote(password) or None,
+            options.get("sentinel_password") or None,
+            scheme.lower() == "rediss+sentinel",
+        )
+
+
+def _sentinel_master(url: SentinelUrl, socket_timeout: float | None) -> aioredis.Redis:
+    """redis-py's Sentinel client for the service's master: each new
+    connection asks the sentinels where the master is, so after a failover
+    the store's next connection (FailoverStore's probe) reaches the promoted
+    replica, and a script it lacks is loaded again on NOSCRIPT."""
+    ask = {"socket_connect_timeout": 2, "socket_timeout": 2, "password": url.sentinel_password}
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        list(url.sentinels),
+        sentinel_kwargs=ask,
+        decode_responses=True,
+        retry=Retry(NoBackoff(), 1),
+        socket_connect_timeout=2,
+        socket_timeout=socket_timeout,
+        db=url.db,
+        username=url.username,
+        password=url.password,
+        ssl=url.tls,
+    )
+    master: aioredis.Redis = sentinel.master_for(url.service)
+    return master
 
 
 class RedisStore:
