@@ -41,7 +41,7 @@ async def test_the_store_follows_the_master_the_sentinels_promote(
     try:
         first = await store.admit(bot_turn("s"))
         old = sentinel.kill_master()
-        took = await asyncio.to_thread(sentinel.wait_failover, old)  # the loop runs on
+        took = await asyncio.to_thread(sentinel.wait_failover)  # the loop runs on
         t0 = time.perf_counter()
         while store.degraded or (await store.admit(bot_turn("s"))).soft <= first.soft:
             await asyncio.sleep(0.05)  # the store decides locally until its probe gets through
@@ -79,11 +79,11 @@ async def test_two_daemons_follow_a_failover_and_every_loop_still_stops(
             before = await pingpong(post, "loop-before", "ping", "pong")
             assert len(before.replies) == SOFT and len(before.warnings) == 1
 
-            old = sentinel.kill_master()
+            sentinel.kill_master()
             traffic.phase = "failover"
             during = await pingpong(post, "loop-during", "ping", "pong")
             assert len(during.replies) == SOFT and len(during.warnings) == 1
-            await asyncio.to_thread(sentinel.wait_failover, old)  # traffic goes on meanwhile
+            await asyncio.to_thread(sentinel.wait_failover)  # traffic goes on meanwhile
             t0 = time.perf_counter()
             for d in (ping, pong):
                 assert isinstance(d.store, FailoverStore)
