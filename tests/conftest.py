@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
 from urllib.parse import urlparse
 
 import pytest
@@ -60,6 +61,18 @@ def synapse() -> Iterator[Synapse]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def run(redis_url: str, key_prefix: str) -> Callable[..., Any]:
+    """`async with run(bot, ...) as daemon:` a real daemon on this test's
+    Redis prefix (tests/daemons.py `running`); a module may define its own."""
+    from tests.daemons import running  # tests.daemons imports this module
+
+    def start(*bots: dict[str, Any], port: int | None = None) -> Any:
+        return running(redis_url, key_prefix, *bots, port=port)
+
+    return start
 
 
 @pytest.fixture

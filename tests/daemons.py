@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gateway.config import parse_config
 from gateway.daemon import Daemon
+from gateway.store import AdmitRequest, AdmitResult
 from gateway.store.redis import RedisStore
 from tests.conftest import delete_prefix
 from tests.redis_server import free_port
@@ -34,6 +35,20 @@ def build(
     d = Daemon(parse_config(yaml.safe_dump(config)))
     redis_of(d).prefix = prefix  # this test's keys only
     return d
+
+
+def admitted_ids(d: Daemon) -> list[str]:
+    """From now on, the id of every message the daemon's Redis store admits
+    (a message decided without a store call never shows here)."""
+    store, admitted = redis_of(d), []
+    admit = store.admit
+
+    async def counted(req: AdmitRequest) -> AdmitResult:
+        admitted.append(req.msg.message_id)
+        return await admit(req)
+
+    store.admit = counted  # type: ignore[method-assign]
+    return admitted
 
 
 def redis_of(d: Daemon) -> RedisStore:

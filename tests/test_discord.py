@@ -18,9 +18,8 @@ from discord.gateway import DiscordWebSocket
 from discord.http import Route
 
 from gateway.daemon import Daemon
-from gateway.store import AdmitRequest, AdmitResult
 from tests import sample_backends
-from tests.daemons import redis_of, running
+from tests.daemons import admitted_ids, running
 from tests.decisions import Decisions
 from tests.fakes.discord import (
     ALICE,
@@ -106,14 +105,7 @@ async def test_a_mention_is_answered_and_the_reply_and_its_echo_are_one_turn(
     fake: FakeDiscord, run: Callable[..., Any], decisions: Decisions
 ) -> None:
     async with run(bot("alpha", TOKEN_A, fake)) as d:
-        store, admitted = redis_of(d), []
-        admit = store.admit
-
-        async def counted(req: AdmitRequest) -> AdmitResult:
-            admitted.append(req.msg.message_id)
-            return await admit(req)
-
-        store.admit = counted  # type: ignore[method-assign]
+        admitted = admitted_ids(d)
         said = await fake.user_says(GENERAL, ALICE, f"<@{BOT_A}> hello there")
         replies = by(BOT_A, await fake.wait_for_messages(GENERAL, 2))
         assert [r.content for r in replies] == [f"<@{BOT_A}> hello there"]

@@ -21,9 +21,8 @@ from gateway.daemon import Daemon
 from gateway.errors import StartupError
 from gateway.model import Author, ChatRef, Message, Turn
 from gateway.pipeline import Gateway
-from gateway.store import AdmitRequest, AdmitResult
 from tests import sample_backends
-from tests.daemons import build, forget, redis_of, running
+from tests.daemons import admitted_ids, build, forget
 from tests.decisions import Decisions
 from tests.redis_server import free_port
 from tests.synapse import Synapse, User
@@ -51,14 +50,6 @@ def bot(name: str, user: User, synapse: Synapse, **policy: Any) -> dict[str, Any
         "turns": {"soft_limit": 4, "hard_limit": 10},
         **policy,
     }
-
-
-@pytest.fixture
-def run(redis_url: str, key_prefix: str) -> Callable[..., Any]:
-    def start(*bots: dict[str, Any], port: int | None = None) -> Any:
-        return running(redis_url, key_prefix, *bots, port=port)
-
-    return start
 
 
 def chat(room: str, thread: str | None = None) -> str:
@@ -762,14 +753,7 @@ async def test_addressing_the_reply_and_its_echo_counted_once(
     alpha = await synapse.register(fresh("alpha"), displayname="Alpha")
     room = await joined_room(synapse, alice, alpha, bob)
     async with run(bot("alpha", alpha, synapse)) as d:
-        store, admitted = redis_of(d), []
-        admit = store.admit
-
-        async def counted(req: AdmitRequest) -> AdmitResult:
-            admitted.append(req.msg.message_id)
-            return await admit(req)
-
-        store.admit = counted  # type: ignore[method-assign]
+        admitted = admitted_ids(d)
         asked = await synapse.send_text(
             alice, room, "hello @room, Alpha here?", mentions=[alpha], mention_room=True
         )

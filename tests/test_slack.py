@@ -19,9 +19,8 @@ import aiohttp
 import pytest
 
 from gateway.daemon import Daemon, StartupError
-from gateway.store import AdmitRequest, AdmitResult
 from tests import sample_backends
-from tests.daemons import build, forget, redis_of, running
+from tests.daemons import admitted_ids, build, forget
 from tests.decisions import Decisions
 from tests.fakes.slack import FakeSlack, Json
 from tests.redis_server import free_port
@@ -75,14 +74,6 @@ EVENTS = {"mode": "events", "signing_secret": SECRET}
 
 def hook_url(port: int, name: str = "alpha") -> str:
     return f"http://127.0.0.1:{port}/v1/webhooks/{name}"
-
-
-@pytest.fixture
-def run(redis_url: str, key_prefix: str) -> Callable[..., Any]:
-    def start(*bots: dict[str, Any], port: int | None = None) -> Any:
-        return running(redis_url, key_prefix, *bots, port=port)
-
-    return start
 
 
 async def soft_of(d: Daemon, chat_key: str, name: str = "alpha") -> int:
@@ -177,14 +168,7 @@ async def test_replies_go_where_the_message_was_and_own_posts_count_once(
     A thread under the bot's post (parent_user_id), or one the bot posted in,
     addresses it without a mention, and is answered in the thread."""
     async with run(bot("alpha", fake)) as d:
-        store, admitted = redis_of(d), []
-        admit = store.admit
-
-        async def counted(req: AdmitRequest) -> AdmitResult:
-            admitted.append(req.msg.message_id)
-            return await admit(req)
-
-        store.admit = counted  # type: ignore[method-assign]
+        admitted = admitted_ids(d)
         said = await fake.user_says(CHANNEL, ALICE, f"<@{A_USER}> hello there")
         seen = await decisions.wait(said["ts"], A_USER)
         assert (seen["chat"], seen["action"], seen["turn"]) == (chat(), "reply", "reset")

@@ -23,7 +23,7 @@ from gateway.daemon import Daemon, StartupError
 from gateway.store import Limits
 from gateway.store.redis import RedisStore
 from tests import sample_backends
-from tests.daemons import build, forget, running
+from tests.daemons import build, forget
 from tests.decisions import Decisions
 from tests.fakes.telegram import FakeTelegram, SentMessage, fast_request
 from tests.redis_server import free_port
@@ -69,14 +69,6 @@ def bot(name: str, token: str, fake: FakeTelegram, **policy: Any) -> dict[str, A
 
 def chat(thread: int | None = None) -> str:
     return f"telegram:{GROUP}" if thread is None else f"telegram:{GROUP}:{thread}"
-
-
-@pytest.fixture
-def run(redis_url: str, key_prefix: str) -> Callable[..., Any]:
-    def start(*bots: dict[str, Any], port: int | None = None) -> Any:
-        return running(redis_url, key_prefix, *bots, port=port)
-
-    return start
 
 
 async def soft_of(d: Daemon, chat_key: str, name: str = "alpha") -> int:
