@@ -19,6 +19,7 @@ import asyncio
 import hashlib
 import logging
 import re
+import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -51,6 +52,8 @@ SEND_RETRIES = 3
 SYNC_TIMEOUT_MS = 30_000
 # After a failed /sync: wait this long, doubling up to the maximum.
 SYNC_RETRY_MIN, SYNC_RETRY_MAX = 1.0, 60.0
+# The sync position is saved at most this often (seconds), and at the stop.
+CURSOR_EVERY = 1.0
 ADMIN_PREFIX = "!bouncer"
 ADMIN_POWER = 50
 # Events of its own a gateway remembers (a reply to one addresses the bot).
@@ -191,6 +194,8 @@ class MatrixAdapter:
         self._batches: deque[_Batch] = deque()
         self._saving = asyncio.Lock()
         self._saved = ""
+        self._saved_at = -float("inf")  # monotonic time of the last save
+        self._pending_save: asyncio.TimerHandle | None = None
         self._loop: asyncio.Task[None] | None = None
         self._stopping = False
         self._handling: set[asyncio.Task[None]] = set()
@@ -263,6 +268,9 @@ class MatrixAdapter:
         await self.stop_intake()
         if self._handling:
             await asyncio.wait(list(self._handling), timeout=5)
+        if self._pending_save is not None:
+            self._pending_save.cancel()
+            self._pending_save = None
         self._advance()
         await self._save()
         if self._http is not None:
@@ -479,8 +487,25 @@ class MatrixAdapter:
         return moved
 
     async def _settled(self) -> None:
-        if self._advance():
+        """Save a moved position at most once every CURSOR_EVERY seconds, not
+        per /sync batch (at low traffic a batch per message: a store call more
+        for each). A crash then re-syncs at most that much; what was handled
+        comes again as `duplicate`. The stop saves the last one."""
+        if not self._advance():
+            return
+        wait = self._saved_at + CURSOR_EVERY - time.monotonic()
+        if wait <= 0:
+            self._saved_at = time.monotonic()
             await self._save()
+        elif self._pending_save is None:
+            self._pending_save = asyncio.get_running_loop().call_later(wait, self._save_later)
+
+    def _save_later(self) -> None:
+        self._pending_save = None
+        self._saved_at = time.monotonic()
+        saver = asyncio.ensure_future(self._save())
+        self._handling.add(saver)
+        saver.add_done_callback(self._handling.discard)
 
     async def _save(self) -> None:
         if not self._saved:  # a start that failed knows no position: keep the saved one
