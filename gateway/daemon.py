@@ -33,6 +33,7 @@ from gateway.guard.service import Guard
 from gateway.http import HttpServer
 from gateway.httpserve import BACKLOG, Runner, fit_open_files
 from gateway.inflight import InFlight
+from gateway.llmproxy.proxy import LlmProxy
 from gateway.metrics import Metrics
 from gateway.outbound import Outbound
 from gateway.pipeline import Gateway, context_for
@@ -128,6 +129,10 @@ def restart_needed(running: Config, new: Config) -> list[str]:
         out.append("store")
     if new.http.listen != running.http.listen:
         out.append("http.listen")
+    old_paths = running.llm_proxy.apis() if running.llm_proxy is not None else []
+    new_paths = new.llm_proxy.apis() if new.llm_proxy is not None else []
+    if [(n, a.path) for n, a in old_paths] != [(n, a.path) for n, a in new_paths]:
+        out.append("llm_proxy: which APIs are served, and their paths")
     old_bots = {b.name: b for b in running.bots}
     new_bots = {b.name: b for b in new.bots}
     for name in new_bots.keys() - old_bots.keys():
@@ -164,6 +169,10 @@ class Daemon:
         self.server = HttpServer(
             self.store, self.metrics, token.get_secret_value() if token else None, self.guard
         )
+        self.llm_proxy: LlmProxy | None = None
+        if config.llm_proxy is not None:
+            self.llm_proxy = LlmProxy(config.llm_proxy, self.guard, self.store, self.metrics)
+            self.server.app.add_routes(self.llm_proxy.routes())
         self.outbound = Outbound()
         self.gateways: dict[str, Gateway] = {}
         self.adapters: list[Adapter] = []
@@ -250,6 +259,8 @@ class Daemon:
         token = new.http.admin_token
         self.server.admin_token = token.get_secret_value() if token else None
         self.guard.configure(new.guard)
+        if self.llm_proxy is not None and new.llm_proxy is not None:
+            self.llm_proxy.configure(new.llm_proxy)
         pending = restart_needed(self.started, new)
         self.config = new
         return pending
@@ -276,6 +287,8 @@ class Daemon:
         if self._runner is not None:
             await self._runner.cleanup()
         await self.outbound.close()
+        if self.llm_proxy is not None:
+            await self.llm_proxy.close()
         await self.store.close()
 
 

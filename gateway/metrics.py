@@ -124,6 +124,18 @@ class Metrics:
             "botbouncer_guard_checks", "Agent guard answers, by decision and reason code.",
             ["decision", "reason"], registry=r,
         )  # fmt: skip
+        self.llm_requests = Counter(
+            "botbouncer_llm_proxy_requests",
+            "LLM proxy requests by API and what was done: forwarded, noted (a warning as a "
+            "note), tools_disabled, stopped, budget_exhausted, passthrough (not a model call), "
+            "fail_open (the store failed), unreachable, timeout, upstream_broke, agent_left, "
+            "too_large.",
+            ["api", "action"], registry=r,
+        )  # fmt: skip
+        self.llm_tokens = Counter(
+            "botbouncer_llm_proxy_tokens", "Tokens the upstreams reported, by API and kind.",
+            ["api", "kind"], registry=r,
+        )  # fmt: skip
         self.store_degraded = Gauge(
             "botbouncer_store_degraded", "1 while the shared store is unreachable.", registry=r
         )

@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from gateway.config.bots import BotConfig
 from gateway.config.errors import LOCATED, UnknownBotError
+from gateway.config.llmproxy import LlmProxyConfig
 from gateway.config.policy import POLICY_KEYS, Policy
 from gateway.config.process import HttpConfig, ShutdownConfig, StoreConfig
 from gateway.fields import Model, deep_merge, none_to_empty
@@ -37,6 +38,7 @@ class Config(Model):
     http: HttpConfig = HttpConfig()
     shutdown: ShutdownConfig = ShutdownConfig()
     guard: GuardConfig = GuardConfig()
+    llm_proxy: LlmProxyConfig | None = None
     defaults: Policy = Policy()
     bots: list[BotConfig] = Field(default_factory=list, validate_default=True)
 
@@ -52,9 +54,9 @@ class Config(Model):
 
     @field_validator("bots")
     @classmethod
-    def _bots(cls, bots: list[BotConfig]) -> list[BotConfig]:
-        if not bots:
-            raise ValueError("at least one bot is required")
+    def _bots(cls, bots: list[BotConfig], info: ValidationInfo) -> list[BotConfig]:
+        if not bots and info.data.get("llm_proxy") is None:
+            raise ValueError("at least one bot is required (or an llm_proxy section)")
         first: dict[str, int] = {}
         for i, bot in enumerate(bots):
             if bot.name in first:
@@ -69,6 +71,21 @@ class Config(Model):
                 )
             first[bot.name] = i
         return bots
+
+    @model_validator(mode="after")
+    def _proxy_profile(self) -> Config:
+        proxy = self.llm_proxy
+        if proxy is not None and proxy.profile not in self.guard.profiles:
+            known = ", ".join(sorted(self.guard.profiles))
+            raise PydanticCustomError(
+                LOCATED,
+                "{message}",
+                {
+                    "message": f"no guard profile named {proxy.profile!r} (profiles: {known})",
+                    "at": ("llm_proxy", "profile"),
+                },
+            )
+        return self
 
     @classmethod
     def default(cls) -> Config:

@@ -1,0 +1,258 @@
+"""OpenAI Chat Completions (`POST /v1/chat/completions`) as the proxy reads
+and writes it. Tool calls are the assistant messages' `tool_calls` (their
+`function.arguments` a JSON text); results are `role: tool` messages naming
+the `tool_call_id` (the API has no failure flag: every result is ok).
+OpenAI-compatible servers (vLLM, Ollama, LiteLLM, OpenRouter) speak the same."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from typing import Any
+
+from gateway.llmproxy.wire import (
+    Anchor,
+    Dialect,
+    Json,
+    SseReader,
+    Tap,
+    ToolEvent,
+    count,
+    key_of,
+    parse_arguments,
+    text_of,
+)
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "insufficient_quota",
+    502: "server_error",
+    503: "server_error",
+    504: "server_error",
+}
+
+
+def _messages(body: Json) -> list[Json]:
+    messages = body.get("messages")
+    return [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
+
+
+def _calls(message: Json) -> list[Json]:
+    calls = message.get("tool_calls")
+    return [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+
+
+def _function(call: Json) -> Json:
+    fn = call.get("function")
+    return fn if isinstance(fn, dict) else {}
+
+
+class OpenAIStreamTap(Tap):
+    """`data: {chunk}` events: usage from the chunk that carries it, the
+    anchor from the first choice's tool call ids and text. With `hide_usage`
+    (the proxy asked for the usage the agent did not) the usage-only chunk is
+    kept back, so the agent gets the stream it asked for."""
+
+    def __init__(self, hide_usage: bool) -> None:
+        super().__init__()
+        self._sse = SseReader()
+        self._hide = hide_usage
+        self._anchor = Anchor()
+
+    def feed(self, chunk: bytes) -> bytes:
+        events = self._sse.feed(chunk)
+        out = []
+        for raw, data in events:
+            if data is None or data == "[DONE]":
+                out.append(raw)
+                continue
+            try:
+                obj = json.loads(data)
+            except ValueError:
+                out.append(raw)
+                continue
+            if isinstance(obj, dict) and self._read(obj):
+                continue  # the usage chunk the agent did not ask for
+            out.append(raw)
+        if not self._hide:
+            return chunk  # passes through as it came
+        return b"".join(out)  # whole events only (one may wait for its end)
+
+    def done(self) -> bytes:
+        self.anchor = self._anchor.value()
+        return self._sse.rest() if self._hide else b""
+
+    def _read(self, obj: Json) -> bool:
+        """Reads one chunk; True when it is a usage-only chunk to keep back."""
+        usage = obj.get("usage")
+        choices = obj.get("choices")
+        if isinstance(usage, dict):
+            self.usage.input_tokens = count(usage.get("prompt_tokens"))
+            self.usage.output_tokens = count(usage.get("completion_tokens"))
+            self.usage.seen = True
+        if isinstance(choices, list):
+            for choice in choices:
+                if isinstance(choice, dict) and choice.get("index", 0) == 0:
+                    delta = choice.get("delta")
+                    if isinstance(delta, dict):
+                        _anchor_delta(self._anchor, delta)
+        return self._hide and isinstance(usage, dict) and choices == []
+
+
+def _anchor_delta(anchor: Anchor, delta: Json) -> None:
+    for call in _calls(delta):
+        if isinstance(call.get("id"), str) and call["id"]:
+            anchor.ids.append(call["id"])
+    content = delta.get("content")
+    if isinstance(content, str):
+        anchor.text.append(content)
+
+
+def _anchor_message(message: Json) -> str | None:
+    anchor = Anchor()
+    for call in _calls(message):
+        if isinstance(call.get("id"), str) and call["id"]:
+            anchor.ids.append(call["id"])
+    anchor.text.append(text_of(message.get("content")))
+    return anchor.value()
+
+
+class OpenAI(Dialect):
+    name = "openai"
+    model_path = "/v1/chat/completions"
+    key_header = "Authorization"
+
+    def __init__(self, stream_usage: bool = True) -> None:
+        self.stream_usage = stream_usage
+
+    def tool_events(self, body: Json) -> list[ToolEvent]:
+        events: list[ToolEvent] = []
+        names: dict[str, str] = {}
+        for i, m in enumerate(_messages(body)):
+            role = m.get("role")
+            if role == "assistant":
+                for j, call in enumerate(_calls(m)):
+                    fn = _function(call)
+                    name = fn.get("name")
+                    if not isinstance(name, str) or not name:
+                        continue
+                    args = parse_arguments(fn.get("arguments"))
+                    call_id = call.get("id")
+                    if isinstance(call_id, str):
+                        names[call_id] = name
+                    key = key_of("step", call_id, i * 1000 + j, name, args)
+                    events.append(ToolEvent(key, "step", name, args=args))
+            elif role == "tool":
+                call_id = m.get("tool_call_id")
+                name = names.get(call_id) if isinstance(call_id, str) else None
+                if name is None:
+                    continue  # a result of no call in this history: nothing to pair it with
+                output = text_of(m.get("content"))
+                key = key_of("result", call_id, i, name, output)
+                events.append(ToolEvent(key, "result", name, ok=True, output=output))
+        return events
+
+    def opening(self, body: Json) -> Any:
+        opening = []
+        for m in _messages(body):
+            if m.get("role") == "assistant":
+                break
+            opening.append([m.get("role"), m.get("content")])
+        return opening
+
+    def anchor(self, body: Json) -> str | None:
+        for m in _messages(body):
+            if m.get("role") == "assistant":
+                return _anchor_message(m)
+        return None
+
+    def with_note(self, body: Json, note: str, disable_tools: bool) -> Json:
+        out = dict(body)
+        out["messages"] = [*_messages(body), {"role": "system", "content": note}]
+        if disable_tools:
+            if "tools" in body:
+                out["tool_choice"] = "none"
+                out.pop("parallel_tool_calls", None)
+            if "functions" in body:  # the API's older shape
+                out["function_call"] = "none"
+        return out
+
+    def prepare(self, body: Json) -> Json | None:
+        if not (self.stream_usage and self.streams(body)) or self._asks_usage(body):
+            return None
+        options = body.get("stream_options")
+        options = dict(options) if isinstance(options, dict) else {}
+        options["include_usage"] = True
+        return {**body, "stream_options": options}
+
+    @staticmethod
+    def _asks_usage(body: Json) -> bool:
+        options = body.get("stream_options")
+        return isinstance(options, dict) and options.get("include_usage") is True
+
+    def stream_tap(self, body: Json) -> Tap:
+        return OpenAIStreamTap(hide_usage=self.stream_usage and not self._asks_usage(body))
+
+    def read_answer(self, answer: Json, tap: Tap) -> None:
+        usage = answer.get("usage")
+        if isinstance(usage, dict):
+            tap.usage.input_tokens = count(usage.get("prompt_tokens"))
+            tap.usage.output_tokens = count(usage.get("completion_tokens"))
+            tap.usage.seen = True
+        choices = answer.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            message = choices[0].get("message")
+            if isinstance(message, dict):
+                tap.anchor = _anchor_message(message)
+
+    def final_answer(self, body: Json, text: str) -> tuple[bytes, str]:
+        ident = "chatcmpl-botbouncer-" + secrets.token_hex(12)
+        created = int(time.time())
+        model = self.model(body)
+        if not self.streams(body):
+            answer = {
+                "id": ident,
+                "object": "chat.completion",
+                "created": created,
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text, "refusal": None},
+                        "logprobs": None,
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+            }
+            return json.dumps(answer).encode(), "application/json"
+        base = {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model}
+        usage = self._asks_usage(body)
+
+        def chunk(delta: Json, finish: str | None) -> bytes:
+            c: Json = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            if usage:
+                c["usage"] = None
+            return b"data: " + json.dumps(c).encode() + b"\n\n"
+
+        parts = [
+            chunk({"role": "assistant", "content": ""}, None),
+            chunk({"content": text}, None),
+            chunk({}, "stop"),
+        ]
+        if usage:
+            zero = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+            parts.append(b"data: " + json.dumps({**base, "choices": [], "usage": zero}).encode())
+            parts.append(b"\n\n")
+        parts.append(b"data: [DONE]\n\n")
+        return b"".join(parts), "text/event-stream"
+
+    def error(self, status: int, message: str, code: str) -> bytes:
+        kind = _ERROR_TYPES.get(
+            status, "server_error" if status >= 500 else "invalid_request_error"
+        )
+        err = {"message": message, "type": kind, "param": None, "code": code}
+        return json.dumps({"error": err}).encode()

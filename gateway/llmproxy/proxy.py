@@ -1,0 +1,411 @@
+"""The proxy's routes on the daemon's HTTP server (docs/llm-proxy.md).
+
+`{path}/v1/chat/completions` (OpenAI) and `{path}/v1/messages` (Anthropic)
+are watched; every other request under `{path}` (`/v1/models`, files,
+embeddings...) is forwarded as it came. A watched request:
+
+1. names its session (gateway/llmproxy/session.py) and feeds the tool calls
+   and results the guard has not seen, oldest first, as `step` and `result`
+   checks (stopping at the first block: the rest did not count); with no new
+   event, a zero `usage` check asks whether the budget is spent;
+2. is forwarded untouched, or, on a decision:
+   - `block` for the budget: answered 429 in the API's error shape;
+   - `block` for a loop: with `block_mode: answer`, forwarded with tools
+     disabled and the guard's message as a system note, so the model writes
+     a final answer; with `block_mode: stop`, answered with a final message
+     the proxy writes, the model not called;
+   - `warn` (with `warn_note`): forwarded with the note, tools still on;
+3. streams the upstream's answer back as it arrives, reading its usage on
+   the way, which then goes to the session's budget.
+
+Credentials pass through to the upstream and are never logged or kept (a
+digest of the key enters the session's fingerprint). A store that fails
+answers nothing wrong: the request is forwarded unguarded and the failure
+logged (an agent is never stopped by the guard's own trouble).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from gateway.config.llmproxy import ApiConfig, LlmProxyConfig
+from gateway.errors import BotbouncerError
+from gateway.guard.service import Answer, Guard
+from gateway.llmproxy import session as sessions
+from gateway.llmproxy.anthropic import Anthropic
+from gateway.llmproxy.openai import OpenAI
+from gateway.llmproxy.wire import Dialect, Json, Tap, ToolEvent, Usage, WholeTap
+from gateway.metrics import Metrics
+from gateway.store import Store, StoreError
+
+log = logging.getLogger("botbouncer.llm_proxy")
+
+# Never forwarded either way: hop-by-hop headers (RFC 9110 7.6.1), what the
+# proxy sets itself, and its own session header.
+_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
+    "te", "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length",
+    "accept-encoding", "content-encoding", sessions.HEADER.lower(),
+})  # fmt: skip
+_KEYS = frozenset({"authorization", "x-api-key", "api-key"})
+GUARD_HEADER = "X-Botbouncer-Guard"
+NOTE = "botbouncer (loop guard): "
+TOOLS_OFF = " Tools are disabled for this answer: answer the user now with what you have."
+
+
+class TooLarge(BotbouncerError):
+    status = 413
+
+
+@dataclass
+class Verdict:
+    answer: Answer | None  # the decisive guard answer, None when nothing was checked
+    action: str  # forwarded | noted | tools_disabled | stopped | budget_exhausted | fail_open
+
+
+def _worst(answers: list[Answer]) -> Answer | None:
+    rank = {"allow": 0, "warn": 1, "block": 2}
+    best: Answer | None = None
+    for a in answers:
+        if best is None or rank[a.decision] > rank[best.decision]:
+            best = a
+    return best
+
+
+class LlmProxy:
+    def __init__(
+        self, config: LlmProxyConfig, guard: Guard, store: Store, metrics: Metrics
+    ) -> None:
+        self.config = config
+        self.guard = guard
+        self.seen = sessions.Seen(store)
+        self.metrics = metrics
+        self.paths = {name: api.path for name, api in config.apis()}  # fixed until restart
+        self._client: aiohttp.ClientSession | None = None
+
+    def configure(self, config: LlmProxyConfig) -> None:
+        """A reload: everything but the paths (and which APIs are served) applies."""
+        self.config = config
+
+    def routes(self) -> list[web.RouteDef]:
+        out = []
+        for name, path in self.paths.items():
+
+            async def handle(request: web.Request, name: str = name) -> web.StreamResponse:
+                return await self._handle(request, name)
+
+            out.append(web.route("*", path + "/{tail:.*}", handle))
+        return out
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self._client is None or self._client.closed:
+            self._client = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+                auto_decompress=True,
+                trust_env=False,
+            )
+        return self._client
+
+    def _api(self, name: str) -> tuple[ApiConfig | None, Dialect]:
+        if name == "openai":
+            oa = self.config.openai
+            return oa, OpenAI(stream_usage=oa.stream_usage if oa is not None else True)
+        return self.config.anthropic, Anthropic()
+
+    # -- the request ------------------------------------------------------------
+
+    async def _handle(self, request: web.Request, name: str) -> web.StreamResponse:
+        api, dialect = self._api(name)
+        if api is None:  # removed by a reload: the route stays until restart
+            return self._error(dialect, 404, f"the {name} API is no longer configured", "not_found")
+        tail = "/" + request.match_info["tail"]
+        try:
+            raw = await self._read(request)
+        except TooLarge as exc:
+            self._count(name, "too_large")
+            return self._error(dialect, 413, str(exc), "request_too_large")
+        body: Any = None
+        if request.method == "POST" and tail == dialect.model_path:
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                body = None  # the upstream says what is wrong with it
+        if not isinstance(body, dict):
+            self._count(name, "passthrough")
+            return await self._forward(request, api, dialect, tail, raw)
+        return await self._model_call(request, api, dialect, tail, raw, body)
+
+    async def _read(self, request: web.Request) -> bytes:
+        limit = self.config.max_body_bytes
+        too_large = TooLarge(f"request body larger than llm_proxy.max_body_bytes ({limit} bytes)")
+        if request.content_length is not None and request.content_length > limit:
+            raise too_large
+        parts, size = [], 0
+        async for chunk in request.content.iter_chunked(256 * 1024):
+            size += len(chunk)
+            if size > limit:
+                raise too_large
+            parts.append(chunk)
+        return b"".join(parts)
+
+    async def _model_call(
+        self,
+        request: web.Request,
+        api: ApiConfig,
+        dialect: Dialect,
+        tail: str,
+        raw: bytes,
+        body: Json,
+    ) -> web.StreamResponse:
+        credential = request.headers.get("Authorization") or request.headers.get("x-api-key") or ""
+        try:
+            session = sessions.given(request.headers.get(sessions.HEADER))
+        except ValueError as exc:
+            return self._error(dialect, 400, str(exc), "invalid_session")
+        named = session is not None
+        if session is None:
+            session = sessions.fingerprint(dialect, body, credential, dialect.anchor(body))
+        try:
+            verdict = await self._check(session, dialect, body, named)
+        except StoreError as exc:
+            log.warning("llm proxy: the guard's store failed (%s); %s request forwarded "
+                        "unguarded", exc, dialect.name)  # fmt: skip
+            verdict = Verdict(None, "fail_open")
+        except BotbouncerError as exc:  # a session under another profile: 409
+            return self._error(dialect, exc.status, exc.public(), "guard_conflict")
+        self._count(dialect.name, verdict.action)
+        headers = {}
+        if session is not None:
+            headers[sessions.HEADER] = session
+        a = verdict.answer
+        if a is not None and a.decision != "allow":
+            headers[GUARD_HEADER] = f"{a.decision} {a.reason}"
+            log.info("llm proxy %s session=%s %s %s: %s", dialect.name, session, a.decision,
+                     a.reason, verdict.action)  # fmt: skip
+        if verdict.action == "budget_exhausted" and a is not None:
+            headers["x-should-retry"] = "false"  # the SDKs' own retries would ask again
+            return self._error(dialect, 429, a.message, "budget_exhausted", headers)
+        if verdict.action == "stopped" and a is not None:
+            text, kind = dialect.final_answer(body, f"[{NOTE}{a.reason}] {a.message}")
+            return web.Response(body=text, content_type=kind, headers=headers)
+        send: Json | None = None
+        if verdict.action in ("noted", "tools_disabled") and a is not None:
+            off = verdict.action == "tools_disabled"
+            send = dialect.with_note(body, NOTE + a.message + (TOOLS_OFF if off else ""), off)
+        prepared = dialect.prepare(send if send is not None else body)
+        if prepared is not None:
+            send = prepared
+        data = raw if send is None else json.dumps(send).encode()
+        tap = dialect.stream_tap(body) if dialect.streams(body) else WholeTap(dialect)
+        done = await self._forward(request, api, dialect, tail, data, tap, headers)
+        if 200 <= done.status < 300:
+            if session is None:
+                session = sessions.fingerprint(dialect, body, credential, tap.anchor)
+            await self._account(session, dialect, body, tap.usage)
+        return done
+
+    async def _check(
+        self, session: str | None, dialect: Dialect, body: Json, named: bool
+    ) -> Verdict:
+        if session is None:
+            return Verdict(None, "forwarded")  # a conversation's first request
+        profile = self.config.profile
+        events = dialect.tool_events(body)
+        answers: list[Answer] = []
+        if events:
+            new = await self.seen.new(session, events)
+            for event in new:
+                answer = await self._feed(session, event, profile)
+                answers.append(answer)
+                if answer.decision == "block":
+                    break
+            if new:
+                await self.seen.remember(session, events)
+        if not answers:  # nothing new to feed: is the budget spent?
+            answers.append(await self.guard.usage(session, self._usage(0, 0), profile))
+            self.metrics.guard_checks.labels(answers[-1].decision, answers[-1].reason).inc()
+        a = _worst(answers)
+        if a is None or a.decision == "allow":
+            return Verdict(a, "forwarded")
+        if a.decision == "warn":
+            return Verdict(a, "noted" if self.config.warn_note else "forwarded")
+        if a.reason == "budget_exhausted":
+            return Verdict(a, "budget_exhausted")
+        return Verdict(a, "tools_disabled" if self.config.block_mode == "answer" else "stopped")
+
+    async def _feed(self, session: str, event: ToolEvent, profile: str) -> Answer:
+        if event.kind == "step":
+            args = event.args if event.args is not None else {}
+            answer = await self.guard.step(session, {"tool": event.tool, "args": args}, profile)
+        else:
+            body = {"tool": event.tool, "ok": event.ok, "output": event.output}
+            answer = await self.guard.result(session, body, profile)
+        self.metrics.guard_checks.labels(answer.decision, answer.reason).inc()
+        return answer
+
+    def _usage(self, cost_usd: float, tokens: int) -> dict[str, Any]:
+        body: dict[str, Any] = {"cost_usd": cost_usd, "tokens": tokens}
+        budget = self.config.budget
+        if budget.usd is not None:
+            body["budget_usd"] = budget.usd
+        if budget.tokens is not None:
+            body["budget_tokens"] = budget.tokens
+        return body
+
+    def _cost(self, model: str, usage: Usage) -> float:
+        prices = self.config.prices
+        price = prices.get(model)
+        if price is None:  # a dated model name takes its family's price
+            family = [m for m in prices if model.startswith(m)]
+            price = prices[max(family, key=len)] if family else None
+        if price is None:
+            return 0.0
+        return (usage.input_tokens * price.input + usage.output_tokens * price.output) / 1e6
+
+    async def _account(
+        self, session: str | None, dialect: Dialect, body: Json, usage: Usage
+    ) -> None:
+        """The answer's usage to the session's budget (after the agent has it)."""
+        m = self.metrics
+        m.llm_tokens.labels(dialect.name, "input").inc(usage.input_tokens)
+        m.llm_tokens.labels(dialect.name, "output").inc(usage.output_tokens)
+        if session is None or not usage.seen:
+            return
+        cost = self._cost(dialect.model(body), usage)
+        try:
+            answer = await self.guard.usage(
+                session, self._usage(cost, usage.tokens), self.config.profile
+            )
+        except BotbouncerError as exc:
+            log.warning("llm proxy: usage of session %s not counted: %s", session, exc)
+            return
+        m.guard_checks.labels(answer.decision, answer.reason).inc()
+
+    # -- the upstream ------------------------------------------------------------
+
+    def _headers(self, request: web.Request, api: ApiConfig, dialect: Dialect) -> dict[str, str]:
+        key = api.api_key.get_secret_value() if api.api_key is not None else None
+        out = {}
+        for name, value in request.headers.items():
+            low = name.lower()
+            if low in _HOP or (key is not None and low in _KEYS):
+                continue
+            out[name] = value
+        out["Accept-Encoding"] = "identity"  # the answer is read on its way (usage)
+        if key is not None:
+            out[dialect.key_header] = (
+                f"Bearer {key}" if dialect.key_header == "Authorization" else key
+            )
+        return out
+
+    async def _forward(
+        self,
+        request: web.Request,
+        api: ApiConfig,
+        dialect: Dialect,
+        tail: str,
+        data: bytes,
+        tap: Tap | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> web.StreamResponse:
+        url = api.upstream + tail
+        t = self.config.timeouts
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=t.connect_seconds, sock_read=t.read_seconds
+        )
+        try:
+            upstream = await self._session().request(
+                request.method,
+                url,
+                params=request.rel_url.query,
+                data=data,
+                headers=self._headers(request, api, dialect),
+                timeout=timeout,
+                allow_redirects=False,
+            )
+        except TimeoutError:
+            self._count(dialect.name, "timeout")
+            log.warning("llm proxy: %s upstream %s did not answer within %gs", dialect.name,
+                        api.upstream, t.read_seconds)  # fmt: skip
+            return self._error(dialect, 504, f"the upstream {api.upstream} did not answer in "
+                               f"time", "upstream_timeout", headers)  # fmt: skip
+        except aiohttp.ClientError as exc:
+            self._count(dialect.name, "unreachable")
+            log.warning("llm proxy: %s upstream %s unreachable: %s", dialect.name, api.upstream,
+                        exc)  # fmt: skip
+            why = f"the upstream {api.upstream} is unreachable: {type(exc).__name__}"
+            return self._error(dialect, 502, why, "upstream_unreachable", headers)
+        try:
+            return await self._relay(request, upstream, dialect, tap, headers or {})
+        finally:
+            upstream.release()
+
+    async def _relay(
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        dialect: Dialect,
+        tap: Tap | None,
+        headers: dict[str, str],
+    ) -> web.StreamResponse:
+        out = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        for name, value in upstream.headers.items():
+            if name.lower() not in _HOP:
+                out.headers.add(name, value)
+        length = upstream.headers.get("Content-Length")
+        streamed = tap is not None and not isinstance(tap, WholeTap)
+        if length is not None and "Content-Encoding" not in upstream.headers and not streamed:
+            out.headers["Content-Length"] = length
+        out.headers.update(headers)
+        if not 200 <= upstream.status < 300:
+            tap = None  # an error passes through as it is
+        await out.prepare(request)
+        try:
+            async for chunk in upstream.content.iter_any():
+                passed = tap.feed(chunk) if tap is not None else chunk
+                if passed:
+                    await out.write(passed)
+            if tap is not None:
+                rest = tap.done()
+                if rest:
+                    await out.write(rest)
+            await out.write_eof()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            # Mid-answer: the status is sent, so the agent learns of it by the
+            # connection closing before the answer's end.
+            self._count(dialect.name, "upstream_broke")
+            log.warning("llm proxy: %s upstream broke off its answer: %s", dialect.name,
+                        type(exc).__name__)  # fmt: skip
+            out.force_close()
+        except ConnectionResetError:
+            self._count(dialect.name, "agent_left")  # the agent went away mid-answer
+        return out
+
+    def _error(
+        self,
+        dialect: Dialect,
+        status: int,
+        message: str,
+        code: str,
+        headers: dict[str, str] | None = None,
+    ) -> web.Response:
+        return web.Response(
+            status=status,
+            body=dialect.error(status, message, code),
+            content_type="application/json",
+            headers=headers,
+        )
+
+    def _count(self, api: str, action: str) -> None:
+        self.metrics.llm_requests.labels(api, action).inc()

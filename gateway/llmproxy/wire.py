@@ -1,0 +1,238 @@
+"""What the two APIs' mappings share: the tool events a history holds, the
+usage an answer reports, Server-Sent Events read as they pass, and the
+interface each API's mapping (gateway/llmproxy/openai.py, anthropic.py) fills."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Json = dict[str, Any]
+
+# Where one event ends: a blank line, in any of the line endings SSE allows.
+_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+# An event longer than this without its end is not SSE: it is no longer read
+# (its bytes still pass through untouched).
+MAX_EVENT = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ToolEvent:
+    """A tool call the model made (`step`) or its result the agent sent back
+    (`result`), with the key that tells it from every other in the session."""
+
+    key: str
+    kind: Literal["step", "result"]
+    tool: str
+    args: Any = None
+    ok: bool = True
+    output: Any = None
+
+
+@dataclass
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    seen: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+def count(value: Any) -> int:
+    """A token count from an answer: a whole non-negative number, else 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def digest(*parts: Any) -> str:
+    text = json.dumps(parts, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8", "backslashreplace")).hexdigest()
+
+
+def text_of(content: Any) -> str:
+    """The text of a message's content: a string, or the text of its parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            p.get("text", "") if isinstance(p, dict) and isinstance(p.get("text"), str) else ""
+            for p in content
+        )
+    return ""
+
+
+def parse_arguments(arguments: Any) -> Any:
+    """A tool call's arguments: OpenAI sends them as JSON text, which is
+    compared as the value it holds (key order and spacing do not count)."""
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments
+    return arguments
+
+
+def key_of(kind: str, call_id: Any, position: int, *what: Any) -> str:
+    """An event's key: its call id, which every API gives; without one, its
+    position and content (a history is sent whole each time)."""
+    if isinstance(call_id, str) and call_id:
+        return f"{kind}:{call_id}"
+    return f"{kind}:#{position}:{digest(*what)[:16]}"
+
+
+class SseReader:
+    """Splits a stream of bytes into SSE events as they complete, keeping each
+    event's raw bytes (with its end) and its `data` joined."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self.broken = False
+
+    def feed(self, chunk: bytes) -> list[tuple[bytes, str | None]]:
+        if self.broken:
+            return [(chunk, None)]
+        self._buf += chunk
+        start = 0
+        events = []
+        for m in _EVENT_END.finditer(self._buf):
+            events.append((self._buf[start : m.end()], _data(self._buf[start : m.start()])))
+            start = m.end()
+        self._buf = self._buf[start:]
+        if len(self._buf) > MAX_EVENT:  # not SSE: passed on as raw bytes from here
+            events.append((self._buf, None))
+            self.broken, self._buf = True, b""
+        return events
+
+    def rest(self) -> bytes:
+        rest, self._buf = self._buf, b""
+        return rest
+
+
+def _data(raw: bytes) -> str | None:
+    lines = []
+    for line in re.split(rb"\r\n|\n|\r", raw):
+        if line.startswith(b"data:"):
+            value = line[5:]
+            lines.append(value[1:] if value.startswith(b" ") else value)
+    if not lines:
+        return None
+    return b"\n".join(lines).decode("utf-8", "replace")
+
+
+class Tap(ABC):
+    """Watches an answer pass: `feed` gets each chunk of the upstream's body
+    and returns what goes on to the agent (the chunk itself, unless the
+    mapping keeps something back); `done` is called at its end."""
+
+    def __init__(self) -> None:
+        self.usage = Usage()
+        self.anchor: str | None = None  # what the session's fingerprint is anchored on
+
+    @abstractmethod
+    def feed(self, chunk: bytes) -> bytes: ...
+
+    def done(self) -> bytes:
+        return b""
+
+
+class WholeTap(Tap):
+    """A JSON answer: read once it is whole (it passes on as it arrives)."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        super().__init__()
+        self._dialect = dialect
+        self._parts: list[bytes] = []
+        self._size = 0
+
+    def feed(self, chunk: bytes) -> bytes:
+        self._size += len(chunk)
+        if self._size <= MAX_EVENT:
+            self._parts.append(chunk)
+        return chunk
+
+    def done(self) -> bytes:
+        if self._size > MAX_EVENT:
+            return b""
+        try:
+            answer = json.loads(b"".join(self._parts))
+        except ValueError:
+            return b""
+        if isinstance(answer, dict):
+            self._dialect.read_answer(answer, self)
+        return b""
+
+
+@dataclass
+class Anchor:
+    """What the first answer of a conversation said, as the fingerprint takes it:
+    its tool calls' ids (unique per answer), else a digest of its text."""
+
+    ids: list[str] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+
+    def value(self) -> str | None:
+        if self.ids:
+            return "ids:" + ",".join(self.ids)
+        text = "".join(self.text)
+        return "text:" + digest(text) if text else None
+
+
+class Dialect(ABC):
+    """One API's shapes. Every method takes the request body as the agent
+    sent it (a JSON object) and never fails on a shape it does not know:
+    what it cannot read is forwarded untouched for the upstream to judge."""
+
+    name: str
+    model_path: str  # the route the guard watches, under the API's path
+    key_header: str  # where a configured upstream key goes
+
+    @abstractmethod
+    def tool_events(self, body: Json) -> list[ToolEvent]:
+        """Every tool call and result in the history, oldest first."""
+
+    @abstractmethod
+    def opening(self, body: Json) -> Any:
+        """The conversation's opening (system prompt and first user turn)."""
+
+    @abstractmethod
+    def anchor(self, body: Json) -> str | None:
+        """The history's first answer as Anchor.value() says it, or None."""
+
+    @abstractmethod
+    def with_note(self, body: Json, note: str, disable_tools: bool) -> Json:
+        """The body with the guard's message as a system note, and tools off."""
+
+    @abstractmethod
+    def final_answer(self, body: Json, text: str) -> tuple[bytes, str]:
+        """A well-formed final answer saying `text`, streamed when the body
+        asks for a stream: (bytes, content type)."""
+
+    @abstractmethod
+    def error(self, status: int, message: str, code: str) -> bytes:
+        """An error in the API's own shape."""
+
+    @abstractmethod
+    def read_answer(self, answer: Json, tap: Tap) -> None:
+        """Usage and anchor of a whole (non-streamed) answer."""
+
+    @abstractmethod
+    def stream_tap(self, body: Json) -> Tap:
+        """A tap for a streamed answer to this body."""
+
+    def prepare(self, body: Json) -> Json | None:
+        """A changed body to send instead, or None to send it as it came."""
+        return None
+
+    @staticmethod
+    def streams(body: Json) -> bool:
+        return body.get("stream") is True
+
+    @staticmethod
+    def model(body: Json) -> str:
+        model = body.get("model")
+        return model if isinstance(model, str) else ""
