@@ -171,7 +171,9 @@ class Daemon:
         )
         self.llm_proxy: LlmProxy | None = None
         if config.llm_proxy is not None:
-            self.llm_proxy = LlmProxy(config.llm_proxy, self.guard, self.store, self.metrics)
+            self.llm_proxy = LlmProxy(
+                config.llm_proxy, self.guard, self.store, self.metrics, self.inflight
+            )
             self.server.app.add_routes(self.llm_proxy.routes())
         self.outbound = Outbound()
         self.gateways: dict[str, Gateway] = {}

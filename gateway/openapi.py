@@ -21,6 +21,7 @@ from typing import Any
 from gateway.admin import JSON_LIMIT_KEYS
 from gateway.decide import MAX_IDS
 from gateway.guard.openapi import OPENAPI as GUARD_OPENAPI
+from gateway.llmproxy import openapi as llm_openapi
 from gateway.model import Action, Reason, Turn
 from gateway.store.base import DECISION_LOG_SIZE
 from gateway.wire import FIELDS, MAX_AT, MAX_ID_CHARS
@@ -509,15 +510,17 @@ def document() -> dict[str, Any]:
         "LogEntry": LOG_ENTRY,
         "Health": HEALTH,
         **guard["components"]["schemas"],
+        **llm_openapi.SCHEMAS,
     }
+    paths.update(llm_openapi.paths())
     return {
         "openapi": "3.1.0",
         "info": {
             "title": "botbouncer",
             "version": "1",
-            "description": "The HTTP ingress, decide API, admin API, agent guard, health and "
-            "metrics of "
-            'one botbouncer daemon. Every error is JSON, {"error": "..."}. '
+            "description": "The HTTP ingress, decide API, admin API, agent guard, LLM proxy, "
+            "health and metrics of one botbouncer daemon. Every error is JSON, "
+            '{"error": "..."}, but the LLM proxy\'s, which are in its APIs\' own shapes. '
             "Only the admin API takes a token (bearer).",
         },
         "paths": paths,

@@ -72,13 +72,13 @@ async def proxy_daemon(
 
 
 def openai_client(base_url: str, **kw: Any) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=base_url, api_key="sk-test-key", max_retries=0, **kw)
+    kw.setdefault("max_retries", 0)  # the SDK retries 429/5xx twice by default
+    return openai.AsyncOpenAI(base_url=base_url, api_key="sk-test-key", **kw)
 
 
 def anthropic_client(base_url: str, **kw: Any) -> anthropic.AsyncAnthropic:
-    return anthropic.AsyncAnthropic(
-        base_url=base_url, api_key="sk-ant-test-key", max_retries=0, **kw
-    )
+    kw.setdefault("max_retries", 0)
+    return anthropic.AsyncAnthropic(base_url=base_url, api_key="sk-ant-test-key", **kw)
 
 
 def weather(city: str) -> str:

@@ -3,10 +3,22 @@ at a daemon on Redis in front of a fake upstream (tests/fakes/llm)."""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+import json
+import logging
+import time
+from contextlib import AsyncExitStack
+from typing import Any
 
-from tests.fakes.llm import FakeLLM, repeat_tool_call
+import aiohttp
+import anthropic
+import openai
+import pytest
+from aiohttp import web
+
+from tests.fakes.llm import Behaviour, Exchange, FakeLLM, answer, hang, repeat_tool_call, status
 from tests.llm_proxy import (
+    WEATHER_TOOL,
     anthropic_agent,
     anthropic_client,
     openai_agent,
@@ -43,3 +55,441 @@ async def test_anthropic_loop_ends_with_an_answer(
     assert answer == "Grey, 11 C."
     assert ran == 4
     assert llm.calls[-1].body["tool_choice"] == {"type": "none"}
+
+
+# -- what the guard's decisions do to the request ---------------------------------
+
+
+async def test_a_warning_is_a_note_and_tools_stay_on(redis_url: str, key_prefix: str) -> None:
+    async with FakeLLM() as llm:
+        llm.default = repeat_tool_call("get_weather", {"city": "Brest"}, otherwise="Grey.")
+        async with proxy_daemon(llm, redis_url, key_prefix) as (_, url):
+            await openai_agent(openai_client(f"{url}/llm/openai/v1"), "Weather in Brest?")
+    # The 3rd identical call (sent back with the 4th request) is a warning.
+    warned = llm.calls[3].body
+    assert warned is not None and "tool_choice" not in warned
+    note = warned["messages"][-1]
+    assert note["role"] == "system"
+    assert note["content"].startswith("botbouncer (loop guard): You called get_weather")
+    # The request before it went out as the agent sent it: no note.
+    assert all(m["role"] != "system" for m in llm.calls[2].messages)
+
+
+async def test_warn_note_off_forwards_warned_requests_untouched(
+    redis_url: str, key_prefix: str
+) -> None:
+    async with FakeLLM() as llm:
+        llm.default = repeat_tool_call("get_weather", {"city": "Brest"}, otherwise="Grey.")
+        async with proxy_daemon(llm, redis_url, key_prefix, warn_note=False) as (_, url):
+            _, ran = await openai_agent(openai_client(f"{url}/llm/openai/v1"), "Brest?")
+    assert ran == 4
+    assert all(m["role"] != "system" for c in llm.calls[:-1] for m in c.messages)
+    assert llm.calls[-1].body["tool_choice"] == "none"  # the block still acts
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_block_mode_stop_answers_without_the_model(
+    redis_url: str, key_prefix: str, stream: bool
+) -> None:
+    async with FakeLLM() as llm:
+        llm.default = repeat_tool_call("get_weather", {"city": "Brest"}, obey=False)
+        async with proxy_daemon(llm, redis_url, key_prefix, block_mode="stop") as (_, url):
+            answer, ran = await openai_agent(
+                openai_client(f"{url}/llm/openai/v1"), "Brest?", stream=stream
+            )
+            a_answer, a_ran = await anthropic_agent(
+                anthropic_client(f"{url}/llm/anthropic"), "Brest?", stream=stream
+            )
+    # The model (which never stops asking) was called 4 times per agent: the
+    # 5th request was answered by the proxy.
+    assert (ran, a_ran) == (4, 4)
+    assert llm.count == 8
+    for text in (answer, a_answer):
+        assert text.startswith("[botbouncer (loop guard): identical_call] You called get_weather")
+
+
+# -- budgets -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+async def test_a_spent_budget_is_a_429_the_sdk_does_not_retry(
+    redis_url: str, key_prefix: str, api: str
+) -> None:
+    async with FakeLLM() as llm:
+        llm.default = answer("Fine.", usage=(600, 100))
+        budget = {"budget": {"tokens": 1500}}
+        async with proxy_daemon(llm, redis_url, key_prefix, **budget) as (d, url):
+            headers = {"X-Botbouncer-Session": "budget-run-1"}
+            if api == "openai":
+                client = openai_client(f"{url}/llm/openai/v1", max_retries=2)
+                ask = lambda: client.chat.completions.create(  # noqa: E731
+                    model="m", messages=[{"role": "user", "content": "hi"}], extra_headers=headers
+                )
+                refused: type[Exception] = openai.RateLimitError
+            else:
+                aclient = anthropic_client(f"{url}/llm/anthropic", max_retries=2)
+                ask = lambda: aclient.messages.create(  # noqa: E731
+                    model="m", max_tokens=10, messages=[{"role": "user", "content": "hi"}],
+                    extra_headers=headers,
+                )  # fmt: skip
+                refused = anthropic.RateLimitError
+            await ask()  # 700 tokens
+            await ask()  # 1400: 93 %, a warning (a note on the next request)
+            await ask()  # 2100: spent, counted after the answer
+            with pytest.raises(refused) as caught:
+                await ask()
+            state = await d.guard.state("budget-run-1")
+            refusals = d.metrics.llm_requests.labels(api, "budget_exhausted")._value.get()
+    assert llm.count == 3  # the 4th never reached the model
+    assert refusals == 1  # and the SDK did not ask again (x-should-retry: false)
+    err = caught.value
+    assert err.status_code == 429
+    assert "budget is spent" in str(err)
+    assert state is not None and state["spent"]["tokens"] == 2100
+
+
+# -- sessions ----------------------------------------------------------------------
+
+
+async def test_two_conversations_alike_are_two_sessions(redis_url: str, key_prefix: str) -> None:
+    """Same key, same question, no session header, at the same time: had they
+    been one session, their identical calls would add up and each agent would
+    be stopped after about two tool runs."""
+    async with FakeLLM() as llm:
+        llm.default = repeat_tool_call("get_weather", {"city": "Brest"}, otherwise="Grey.")
+        async with proxy_daemon(llm, redis_url, key_prefix) as (_, url):
+            client = openai_client(f"{url}/llm/openai/v1")
+            runs = await asyncio.gather(
+                openai_agent(client, "Weather in Brest?"),
+                openai_agent(client, "Weather in Brest?"),
+                anthropic_agent(anthropic_client(f"{url}/llm/anthropic"), "Weather in Brest?"),
+            )
+    assert [ran for _, ran in runs] == [4, 4, 4]
+    sessions = {c.headers.get("x-botbouncer-session") for c in llm.calls}
+    assert sessions == {None}  # the proxy's own header is not forwarded
+
+
+async def test_the_session_is_named_in_the_answer_and_can_be_looked_up(
+    redis_url: str, key_prefix: str
+) -> None:
+    async with FakeLLM() as llm:
+        llm.default = repeat_tool_call("get_weather", {"city": "Brest"}, otherwise="Grey.")
+        async with proxy_daemon(llm, redis_url, key_prefix) as (_, url):
+            client = openai_client(f"{url}/llm/openai/v1")
+            seen: list[Any] = []
+            messages: list[Any] = [{"role": "user", "content": "Brest?"}]
+            for _ in range(5):
+                raw = await client.chat.completions.with_raw_response.create(
+                    model="m", messages=messages, tools=[WEATHER_TOOL]
+                )
+                seen.append(raw.headers)
+                msg = raw.parse().choices[0].message.model_dump(exclude_none=True)
+                messages.append(msg)
+                for call in msg.get("tool_calls", []):
+                    messages.append({"role": "tool", "tool_call_id": call["id"], "content": "ok"})
+            session = seen[1]["x-botbouncer-session"]
+            async with aiohttp.ClientSession() as http, http.get(f"{url}/v1/guard/{session}") as r:
+                state = (await r.json())["state"]
+    # The first request has no session yet (no answer to anchor it on).
+    assert "x-botbouncer-session" not in seen[0]
+    assert session.startswith("llm-")
+    assert {h["x-botbouncer-session"] for h in seen[1:]} == {session}
+    assert [h.get("x-botbouncer-guard") for h in seen] == [
+        None, None, None, "warn identical_call", "block identical_call"
+    ]  # fmt: skip
+    assert state["profile"] == "default"
+    assert state["tools"]["get_weather"]["calls"] == 3  # the blocked 4th is not recorded
+    assert state["spent"]["tokens"] > 0  # every answer's usage, the first one's too
+
+
+async def test_three_daemons_on_one_redis_share_a_budget(redis_url: str, key_prefix: str) -> None:
+    async with FakeLLM() as llm, AsyncExitStack() as stack:
+        llm.default = answer("Fine.", usage=(600, 100))
+        urls = []
+        for _ in range(3):
+            _, url = await stack.enter_async_context(
+                proxy_daemon(llm, redis_url, key_prefix, budget={"tokens": 2000})
+            )
+            urls.append(url)
+        clients = [openai_client(f"{u}/llm/openai/v1") for u in urls]
+        headers = {"X-Botbouncer-Session": "shared-run"}
+        answered = 0
+        for i in range(6):
+            try:
+                await clients[i % 3].chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}], extra_headers=headers
+                )
+                answered += 1
+            except openai.RateLimitError:
+                break
+        refused = []
+        for client in clients:
+            with pytest.raises(openai.RateLimitError) as caught:
+                await client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}], extra_headers=headers
+                )
+            refused.append(caught.value.status_code)
+    # 700 tokens an answer: the third takes the session past 2,000, whichever
+    # daemon counted the first two, and every daemon refuses the next.
+    assert answered == 3
+    assert refused == [429, 429, 429]
+
+
+# -- the upstream ------------------------------------------------------------------
+
+
+async def test_other_routes_pass_through(redis_url: str, key_prefix: str) -> None:
+    async with FakeLLM() as llm:
+        llm.models = ["fake-a", "fake-b"]
+        async with proxy_daemon(llm, redis_url, key_prefix) as (_, url):
+            o = await openai_client(f"{url}/llm/openai/v1").models.list()
+            a = await anthropic_client(f"{url}/llm/anthropic").models.list()
+            embeddings = f"{url}/llm/openai/v1/embeddings?x=1"
+            async with aiohttp.ClientSession() as http, http.post(embeddings, json={}) as resp:
+                missing = resp.status, await resp.json()
+    assert [m.id for m in o.data] == ["fake-a", "fake-b"]
+    assert [m.id for m in a.data] == ["fake-a", "fake-b"]
+    assert missing[0] == 404 and "Unknown request URL" in missing[1]["error"]["message"]
+    assert llm.calls[-1].path == "/v1/embeddings"
+
+
+@pytest.mark.parametrize("code", [400, 401, 500, 529])
+async def test_upstream_errors_pass_through_with_their_status(
+    redis_url: str, key_prefix: str, code: int
+) -> None:
+    async with FakeLLM() as llm:
+        llm.default = status(code, "upstream says no")
+        async with proxy_daemon(llm, redis_url, key_prefix) as (_, url):
+            with pytest.raises(openai.APIStatusError) as o:
+                await openai_client(f"{url}/llm/openai/v1").chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}]
+                )
+            with pytest.raises(anthropic.APIStatusError) as a:
+                await anthropic_client(f"{url}/llm/anthropic").messages.create(
+                    model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}]
+                )
+    assert (o.value.status_code, a.value.status_code) == (code, code)
+    assert "upstream says no" in str(o.value) and "upstream says no" in str(a.value)
+
+
+async def test_an_unreachable_upstream_is_a_502_in_the_apis_shape(
+    redis_url: str, key_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with FakeLLM() as llm:
+        pass  # stopped: its port answers nothing now
+    async with proxy_daemon(llm, redis_url, key_prefix) as (_, url):
+        with pytest.raises(openai.APIStatusError) as o:
+            await openai_client(f"{url}/llm/openai/v1").chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}]
+            )
+        with pytest.raises(anthropic.APIStatusError) as a:
+            await anthropic_client(f"{url}/llm/anthropic").messages.create(
+                model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}]
+            )
+    assert o.value.status_code == 502 and a.value.status_code == 502
+    assert o.value.body["code"] == "upstream_unreachable"  # type: ignore[index]
+    assert isinstance(a.value, anthropic.APIStatusError)
+    assert a.value.body["error"]["type"] == "api_error"  # type: ignore[index]
+    assert "is unreachable" in str(o.value)
+    ours = [r for r in caplog.records if r.name.startswith("botbouncer")]
+    assert [r.levelname for r in ours] == ["WARNING", "WARNING"]
+    assert all("unreachable" in r.getMessage() and r.exc_info is None for r in ours)
+
+
+async def test_a_slow_upstream_is_a_504(redis_url: str, key_prefix: str) -> None:
+    async with FakeLLM() as llm:
+        llm.default = hang()
+        timeouts = {"read_seconds": 0.3}
+        async with proxy_daemon(llm, redis_url, key_prefix, timeouts=timeouts) as (_, url):
+            with pytest.raises(openai.APIStatusError) as o:
+                await openai_client(f"{url}/llm/openai/v1").chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}]
+                )
+    assert o.value.status_code == 504
+    assert o.value.body["code"] == "upstream_timeout"  # type: ignore[index]
+
+
+def scripted(parts: list[bytes], pause: float = 0.0, content_type: str = "text/event-stream",
+             cut: bool = False) -> Behaviour:  # fmt: skip
+    """Answers exactly `parts`, one write each, `pause` seconds after the
+    first; `cut` drops the connection instead of ending the answer."""
+
+    async def run(ex: Exchange) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": content_type})
+        await resp.prepare(ex.request)
+        for i, part in enumerate(parts):
+            await resp.write(part)
+            if i == 0 and pause:
+                await asyncio.sleep(pause)
+        if cut:
+            assert ex.request.transport is not None
+            ex.request.transport.abort()
+            return resp
+        await resp.write_eof()
+        return resp
+
+    return Behaviour("scripted", run)
+
+
+def chunk(content: str | None = None, usage: bool = False) -> bytes:
+    body: dict[str, Any] = {"id": "c1", "object": "chat.completion.chunk", "created": 1,
+                            "model": "m", "choices": []}  # fmt: skip
+    if content is not None:
+        body["choices"] = [{"index": 0, "delta": {"content": content}, "finish_reason": None}]
+    if usage:
+        body["usage"] = {"prompt_tokens": 40, "completion_tokens": 2, "total_tokens": 42}
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+async def raw_post(
+    url: str, body: dict[str, Any], **headers: str
+) -> tuple[int, dict[str, str], bytes, float]:
+    """Status, headers, the body's bytes, and when its first byte came (seconds)."""
+    start = time.monotonic()
+    async with aiohttp.ClientSession() as http, http.post(url, json=body, headers=headers) as resp:
+        first = await resp.content.readany()
+        at = time.monotonic() - start
+        rest = await resp.read()
+        return resp.status, dict(resp.headers), first + rest, at
+
+
+async def test_a_stream_passes_as_it_arrives_byte_for_byte(redis_url: str, key_prefix: str) -> None:
+    parts = [chunk("Hel"), chunk("lo"), b"data: [DONE]\n\n"]
+    async with FakeLLM() as llm:
+        llm.then(scripted(parts, pause=1.0))
+        async with proxy_daemon(llm, redis_url, key_prefix) as (_, url):
+            body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+            code, headers, got, first_at = await raw_post(
+                f"{url}/llm/openai/v1/chat/completions", body
+            )
+    assert code == 200 and headers["Content-Type"] == "text/event-stream"
+    assert got == b"".join(parts)
+    assert first_at < 0.9  # the first chunk came before the upstream's pause ended
+
+
+async def test_stream_usage_is_read_without_the_agent_seeing_it(
+    redis_url: str, key_prefix: str
+) -> None:
+    parts = [chunk("Hi"), chunk(usage=True), b"data: [DONE]\n\n"]
+    async with FakeLLM() as llm:
+        llm.then(scripted(parts), scripted(parts))
+        async with proxy_daemon(llm, redis_url, key_prefix) as (d, url):
+            body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+            target = f"{url}/llm/openai/v1/chat/completions"
+            _, _, hidden, _ = await raw_post(target, body, **{"X-Botbouncer-Session": "s-1"})
+            asked = {**body, "stream_options": {"include_usage": True}}
+            _, _, shown, _ = await raw_post(target, asked, **{"X-Botbouncer-Session": "s-1"})
+            state = await d.guard.state("s-1")
+    # The proxy asked for the usage the agent did not, and kept it back.
+    assert llm.calls[0].body["stream_options"] == {"include_usage": True}
+    assert hidden == chunk("Hi") + b"data: [DONE]\n\n"
+    assert shown == b"".join(parts)  # asked for: passed on
+    assert state is not None and state["spent"]["tokens"] == 84
+
+
+async def test_an_answer_cut_off_mid_stream_closes_the_agents_connection(
+    redis_url: str, key_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with FakeLLM() as llm:
+        llm.then(scripted([chunk("Hel")], cut=True))
+        async with proxy_daemon(llm, redis_url, key_prefix) as (_, url):
+            client = openai_client(f"{url}/llm/openai/v1")
+            got = []
+            with pytest.raises(openai.APIError):
+                stream = await client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}], stream=True
+                )
+                async for c in stream:
+                    got.append(c.choices[0].delta.content)
+    assert got == ["Hel"]
+    assert "upstream broke off its answer" in caplog.text
+
+
+async def test_whole_answers_pass_byte_for_byte(redis_url: str, key_prefix: str) -> None:
+    whole = b'{"id":"x","object":"chat.completion","choices":[],  "odd": "spacing"}'
+    async with FakeLLM() as llm:
+        llm.then(scripted([whole], content_type="application/json"))
+        async with proxy_daemon(llm, redis_url, key_prefix) as (_, url):
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            code, _, got, _ = await raw_post(f"{url}/llm/openai/v1/chat/completions", body)
+    assert (code, got) == (200, whole)
+
+
+# -- credentials and bad input ------------------------------------------------------
+
+
+async def test_credentials_pass_through_and_are_never_logged_or_kept(
+    redis_url: str, key_prefix: str, redis_client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with FakeLLM() as llm:
+        llm.require_key("sk-test-key")
+        llm.default = repeat_tool_call("get_weather", {"city": "Brest"}, otherwise="Grey.")
+        async with proxy_daemon(llm, redis_url, key_prefix) as (_, url):
+            await openai_agent(openai_client(f"{url}/llm/openai/v1"), "Brest?")
+            stored = [
+                (k, await redis_client.dump(k))
+                async for k in redis_client.scan_iter(f"{key_prefix}:*")
+            ]
+    assert all(c.headers["authorization"] == "Bearer sk-test-key" for c in llm.calls)
+    assert stored  # the guard's state and the events fed are there...
+    assert not any(b"sk-test-key" in (v or b"") or "sk-test-key" in k for k, v in stored)
+    assert "sk-test-key" not in caplog.text  # ...and the key nowhere
+
+
+async def test_a_configured_key_replaces_the_agents(redis_url: str, key_prefix: str) -> None:
+    async with FakeLLM() as llm:
+        llm.require_key("sk-real")
+        llm.default = answer("Fine.")
+        root = llm.anthropic_base_url
+        keyed = {"openai": {"upstream": root, "api_key": "sk-real"},
+                 "anthropic": {"upstream": root, "api_key": "sk-real"}}  # fmt: skip
+        async with proxy_daemon(llm, redis_url, key_prefix, **keyed) as (d, url):
+            o = await openai_client(f"{url}/llm/openai/v1").chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}]
+            )
+            a = await anthropic_client(f"{url}/llm/anthropic").messages.create(
+                model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}]
+            )
+            shown = repr(d.config.llm_proxy)
+    assert o.choices[0].message.content == "Fine." and a.content[0].text == "Fine."  # type: ignore[union-attr]
+    assert llm.calls[0].headers["authorization"] == "Bearer sk-real"
+    assert llm.calls[1].headers["x-api-key"] == "sk-real"
+    assert "authorization" not in llm.calls[1].headers
+    assert "sk-real" not in shown
+
+
+async def test_bad_input_is_answered_in_the_apis_shape(redis_url: str, key_prefix: str) -> None:
+    async with (
+        FakeLLM() as llm,
+        proxy_daemon(llm, redis_url, key_prefix, max_body_bytes=2048) as (_, url),
+    ):
+        with pytest.raises(openai.BadRequestError) as bad:
+            await openai_client(f"{url}/llm/openai/v1").chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}],
+                extra_headers={"X-Botbouncer-Session": "no spaces allowed"},
+            )  # fmt: skip
+        with pytest.raises(anthropic.APIStatusError) as big:
+            await anthropic_client(f"{url}/llm/anthropic").messages.create(
+                model="m", max_tokens=5, messages=[{"role": "user", "content": "x" * 4000}]
+            )
+        code, _, _, _ = await raw_post(f"{url}/llm/openai/v1/chat/completions", {"a": 1})
+    assert "X-Botbouncer-Session header: use 1-128 of" in str(bad.value)
+    assert big.value.status_code == 413
+    assert big.value.body["error"]["type"] == "request_too_large"  # type: ignore[index]
+    assert "llm_proxy.max_body_bytes (2048 bytes)" in str(big.value)
+    # A body the proxy cannot read as a conversation is the upstream's to judge.
+    assert (code, llm.count, llm.calls[0].body) == (200, 1, {"a": 1})
+
+
+async def test_a_stop_lets_an_answer_in_flight_finish(redis_url: str, key_prefix: str) -> None:
+    parts = [chunk("Hel"), chunk("lo"), b"data: [DONE]\n\n"]
+    async with FakeLLM() as llm:
+        llm.then(scripted(parts, pause=2.0))  # past the listener's 1 s shutdown timeout
+        async with proxy_daemon(llm, redis_url, key_prefix) as (d, url):
+            body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+            asking = asyncio.create_task(raw_post(f"{url}/llm/openai/v1/chat/completions", body))
+            await asyncio.sleep(0.3)  # the upstream has sent its first part and pauses
+            await d.stop()  # within the grace period (10 s)
+            code, _, got, _ = await asking
+    assert (code, got) == (200, b"".join(parts))

@@ -29,6 +29,9 @@ bots:
   - {name: alpha, platform: http, backend: {type: echo}, bot_messages: all}
   - {name: beta, platform: http, backend: {type: python, callable: "tests.sample_backends:two"}}
   - {name: side, platform: http, mode: decide}
+llm_proxy:
+  openai: {upstream: "http://127.0.0.1:9"}
+  anthropic: {upstream: "http://127.0.0.1:9"}
 """
 LAST = "<the last ticket answered>"
 
@@ -158,6 +161,10 @@ def _routes(app_routes: Any) -> set[tuple[str, str]]:
         if route.method == "HEAD":
             continue
         info = route.resource.get_info()
+        if route.method == "*":  # the LLM proxy's routes: any method under its paths
+            tail = info["pattern"].pattern.replace("\\", "").replace("(?P<tail>.*)", "{tail}")
+            out.update({("GET", tail), ("POST", tail)})
+            continue
         if "path" in info:
             out.add((route.method, info["path"]))
             continue
@@ -175,7 +182,10 @@ def _routes(app_routes: Any) -> set[tuple[str, str]]:
 
 def test_every_route_of_the_server_is_documented_and_nothing_else() -> None:
     daemon = Daemon(parse_config(CONFIG))
-    assert _routes(daemon.server.app.router.routes()) == _documented()
+    # The proxy's guarded routes are served by its catch-all ones.
+    guarded = {("POST", "/llm/openai/v1/chat/completions"), ("POST", "/llm/anthropic/v1/messages")}
+    assert guarded <= _documented()
+    assert _routes(daemon.server.app.router.routes()) == _documented() - guarded
 
 
 # -- real answers against the document ----------------------------------------
@@ -273,6 +283,15 @@ CASES: list[tuple[str, str, dict[str, str], Any]] = [
     ("GET", "/v1/guard/s1", {}, None),
     ("DELETE", "/v1/guard/s1", {}, None),
     ("GET", "/v1/guard/s1", {}, None),
+    # the LLM proxy, its upstream (port 9) unreachable
+    ("POST", "/llm/openai/v1/chat/completions", {}, {"model": "m", "messages": []}),
+    ("POST", "/llm/openai/v1/chat/completions", {"X-Botbouncer-Session": "a b"}, {"model": "m"}),
+    ("POST", "/llm/anthropic/v1/messages", {}, {"model": "m", "messages": []}),
+    ("POST", "/llm/anthropic/v1/messages", {"X-Botbouncer-Session": "a b"}, {"model": "m"}),
+    ("GET", "/llm/openai/models", {}, None),
+    ("POST", "/llm/openai/files", {}, "x"),
+    ("GET", "/llm/anthropic/models", {}, None),
+    ("POST", "/llm/anthropic/files", {}, "x"),
 ]  # fmt: skip
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from gateway.config.bots import BotConfig
@@ -54,9 +54,7 @@ class Config(Model):
 
     @field_validator("bots")
     @classmethod
-    def _bots(cls, bots: list[BotConfig], info: ValidationInfo) -> list[BotConfig]:
-        if not bots and info.data.get("llm_proxy") is None:
-            raise ValueError("at least one bot is required (or an llm_proxy section)")
+    def _bots(cls, bots: list[BotConfig]) -> list[BotConfig]:
         first: dict[str, int] = {}
         for i, bot in enumerate(bots):
             if bot.name in first:
@@ -71,6 +69,26 @@ class Config(Model):
                 )
             first[bot.name] = i
         return bots
+
+    @field_validator("llm_proxy", mode="before")
+    @classmethod
+    def _proxy_section(cls, value: Any) -> Any:
+        return none_to_empty(value)  # `llm_proxy:` with every key commented out: on, defaults
+
+    @model_validator(mode="after")
+    def _something_to_guard(self) -> Config:
+        # After the fields: a broken llm_proxy section is reported as itself,
+        # not as "no bots" too.
+        if not self.bots and self.llm_proxy is None:
+            raise PydanticCustomError(
+                LOCATED,
+                "{message}",
+                {
+                    "message": "at least one bot is required (or an llm_proxy section)",
+                    "at": ("bots",),
+                },
+            )
+        return self
 
     @model_validator(mode="after")
     def _proxy_profile(self) -> Config:

@@ -37,6 +37,7 @@ from aiohttp import web
 from gateway.config.llmproxy import ApiConfig, LlmProxyConfig
 from gateway.errors import BotbouncerError
 from gateway.guard.service import Answer, Guard
+from gateway.inflight import InFlight, ShuttingDown
 from gateway.llmproxy import session as sessions
 from gateway.llmproxy.anthropic import Anthropic
 from gateway.llmproxy.openai import OpenAI
@@ -80,9 +81,15 @@ def _worst(answers: list[Answer]) -> Answer | None:
 
 class LlmProxy:
     def __init__(
-        self, config: LlmProxyConfig, guard: Guard, store: Store, metrics: Metrics
+        self,
+        config: LlmProxyConfig,
+        guard: Guard,
+        store: Store,
+        metrics: Metrics,
+        inflight: InFlight | None = None,
     ) -> None:
         self.config = config
+        self.inflight = inflight if inflight is not None else InFlight()
         self.guard = guard
         self.seen = sessions.Seen(store)
         self.metrics = metrics
@@ -126,6 +133,14 @@ class LlmProxy:
     # -- the request ------------------------------------------------------------
 
     async def _handle(self, request: web.Request, name: str) -> web.StreamResponse:
+        try:
+            with self.inflight.track():  # a stop lets it finish within the grace period
+                return await self._proxy(request, name)
+        except ShuttingDown as exc:
+            self._count(name, "shutting_down")
+            return self._error(self._api(name)[1], 503, exc.public(), "shutting_down")
+
+    async def _proxy(self, request: web.Request, name: str) -> web.StreamResponse:
         api, dialect = self._api(name)
         if api is None:  # removed by a reload: the route stays until restart
             return self._error(dialect, 404, f"the {name} API is no longer configured", "not_found")
@@ -383,11 +398,12 @@ class LlmProxy:
             await out.write_eof()
         except (aiohttp.ClientError, TimeoutError) as exc:
             # Mid-answer: the status is sent, so the agent learns of it by the
-            # connection closing before the answer's end.
+            # connection dropping before the answer's end.
             self._count(dialect.name, "upstream_broke")
             log.warning("llm proxy: %s upstream broke off its answer: %s", dialect.name,
                         type(exc).__name__)  # fmt: skip
-            out.force_close()
+            if request.transport is not None:
+                request.transport.abort()  # not a clean end: aiohttp would end the chunks
         except ConnectionResetError:
             self._count(dialect.name, "agent_left")  # the agent went away mid-answer
         return out

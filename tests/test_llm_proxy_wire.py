@@ -1,0 +1,184 @@
+"""The LLM proxy's mappings (gateway/llmproxy/openai.py, anthropic.py, wire.py,
+session.py) on bodies as the SDKs send them, and its `llm_proxy:` config."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from gateway.config import ConfigError, parse_config
+from gateway.llmproxy.anthropic import Anthropic
+from gateway.llmproxy.openai import OpenAI
+from gateway.llmproxy.session import fingerprint
+from gateway.llmproxy.wire import SseReader, WholeTap
+
+OPENAI_HISTORY: dict[str, Any] = {
+    "model": "m",
+    "messages": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Weather in Brest and Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Brest"}'}},
+            {"id": "call_2", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{ "city":"Paris" }'}},
+        ]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "grey"},
+        {"role": "tool", "tool_call_id": "call_2", "content": [{"type": "text", "text": "sun"}]},
+        {"role": "tool", "tool_call_id": "call_unknown", "content": "orphan"},
+    ],
+}  # fmt: skip
+
+ANTHROPIC_HISTORY: dict[str, Any] = {
+    "model": "m",
+    "system": [{"type": "text", "text": "You are terse."}],
+    "messages": [
+        {"role": "user", "content": "Weather in Brest?"},
+        {"role": "assistant", "content": [
+            {"type": "text", "text": "Looking."},
+            {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+             "input": {"city": "Brest"}},
+        ]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "is_error": True,
+             "content": [{"type": "text", "text": "timeout"}]},
+        ]},
+    ],
+}  # fmt: skip
+
+
+def test_openai_tool_events_pair_results_with_their_calls() -> None:
+    events = OpenAI().tool_events(OPENAI_HISTORY)
+    assert [(e.key, e.kind, e.tool, e.args, e.output) for e in events] == [
+        ("step:call_1", "step", "get_weather", {"city": "Brest"}, None),
+        ("step:call_2", "step", "get_weather", {"city": "Paris"}, None),
+        ("result:call_1", "result", "get_weather", None, "grey"),
+        ("result:call_2", "result", "get_weather", None, "sun"),
+    ]  # the orphan result has no call to pair with: not fed
+
+
+def test_anthropic_tool_events_carry_is_error() -> None:
+    events = Anthropic().tool_events(ANTHROPIC_HISTORY)
+    assert [(e.key, e.kind, e.ok, e.output) for e in events] == [
+        ("step:toolu_1", "step", True, None),
+        ("result:toolu_1", "result", False, "timeout"),
+    ]
+
+
+def test_calls_without_ids_are_keyed_by_place_and_content() -> None:
+    body = json.loads(json.dumps(OPENAI_HISTORY))
+    for call in body["messages"][2]["tool_calls"]:
+        del call["id"]
+    keys = [e.key for e in OpenAI().tool_events(body)]
+    assert len(keys) == 2 and len(set(keys)) == 2 and keys[0].startswith("step:#")
+    assert keys == [e.key for e in OpenAI().tool_events(body)]  # stable across requests
+
+
+def test_the_fingerprint_is_anchored_on_the_first_answer() -> None:
+    d = OpenAI()
+    anchor = d.anchor(OPENAI_HISTORY)
+    assert anchor == "ids:call_1,call_2"
+    same = fingerprint(d, OPENAI_HISTORY, "Bearer k", anchor)
+    assert same is not None and same.startswith("llm-")
+    # The same conversation one turn later: the same session.
+    longer = {**OPENAI_HISTORY, "messages": [*OPENAI_HISTORY["messages"],
+              {"role": "assistant", "content": "Grey and sunny."}]}  # fmt: skip
+    assert fingerprint(d, longer, "Bearer k", d.anchor(longer)) == same
+    # Another key, or another first answer: another session.
+    assert fingerprint(d, OPENAI_HISTORY, "Bearer other", anchor) != same
+    assert fingerprint(d, OPENAI_HISTORY, "Bearer k", "ids:call_9") != same
+    # Before any answer there is nothing to anchor on.
+    assert fingerprint(d, {"messages": [{"role": "user", "content": "hi"}]}, "k", None) is None
+
+
+def test_the_anchor_read_from_an_answer_is_the_one_its_history_gives() -> None:
+    d = OpenAI()
+    tap = WholeTap(d)
+    answer = {"choices": [{"index": 0, "message": OPENAI_HISTORY["messages"][2]}],
+              "usage": {"prompt_tokens": 7, "completion_tokens": 3}}  # fmt: skip
+    tap.feed(json.dumps(answer).encode())
+    tap.done()
+    assert tap.anchor == d.anchor(OPENAI_HISTORY)
+    assert (tap.usage.input_tokens, tap.usage.output_tokens) == (7, 3)
+    a = Anthropic()
+    atap = WholeTap(a)
+    atap.feed(json.dumps({"content": ANTHROPIC_HISTORY["messages"][1]["content"]}).encode())
+    atap.done()
+    assert atap.anchor == a.anchor(ANTHROPIC_HISTORY) == "ids:toolu_1"
+
+
+def test_anthropic_stream_usage_counts_cached_input() -> None:
+    tap = Anthropic().stream_tap({})
+    events = [
+        {"type": "message_start", "message": {"usage": {
+            "input_tokens": 10, "cache_read_input_tokens": 90, "output_tokens": 1}}},
+        {"type": "content_block_start", "index": 0,
+         "content_block": {"type": "tool_use", "id": "toolu_7", "name": "x", "input": {}}},
+        {"type": "message_delta", "delta": {}, "usage": {"output_tokens": 25}},
+    ]  # fmt: skip
+    raw = b"".join(f"event: {e['type']}\r\ndata: {json.dumps(e)}\r\n\r\n".encode() for e in events)
+    for i in range(0, len(raw), 5):  # cut anywhere, \r\n endings
+        assert tap.feed(raw[i : i + 5]) == raw[i : i + 5]
+    tap.done()
+    assert (tap.usage.input_tokens, tap.usage.output_tokens) == (100, 25)
+    assert tap.anchor == "ids:toolu_7"
+
+
+def test_sse_reader_splits_events_across_chunks() -> None:
+    r = SseReader()
+    got = r.feed(b"data: a\n\nda") + r.feed(b"ta: b\ndata: c\n") + r.feed(b"\n: comment\n\n")
+    assert [d for _, d in got] == ["a", "b\nc", None]
+    assert b"".join(raw for raw, _ in got) == b"data: a\n\ndata: b\ndata: c\n\n: comment\n\n"
+
+
+def test_notes_and_disabled_tools_in_each_api() -> None:
+    o = OpenAI().with_note({**OPENAI_HISTORY, "tools": [], "parallel_tool_calls": True}, "N", True)
+    assert o["messages"][-1] == {"role": "system", "content": "N"}
+    assert o["tool_choice"] == "none" and "parallel_tool_calls" not in o
+    a = Anthropic().with_note({**ANTHROPIC_HISTORY, "tools": []}, "N", True)
+    assert a["system"][-1] == {"type": "text", "text": "N"} and a["tool_choice"] == {"type": "none"}
+    assert Anthropic().with_note({"system": "S"}, "N", False) == {"system": "S\n\nN"}
+    assert OPENAI_HISTORY["messages"][-1]["role"] == "tool"  # the agent's body is not changed
+
+
+# -- configuration --------------------------------------------------------------
+
+
+def _problems(section: str) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(f"llm_proxy:\n{section}\n", env={})
+    return info.value.problems
+
+
+def test_an_llm_proxy_alone_is_a_whole_config() -> None:
+    cfg = parse_config("llm_proxy:\n  openai:\n", env={})
+    assert cfg.bots == [] and cfg.llm_proxy is not None
+    assert cfg.llm_proxy.openai is not None and cfg.llm_proxy.anthropic is None
+    assert cfg.llm_proxy.openai.upstream == "https://api.openai.com"
+    assert parse_config("bots: []\nllm_proxy:\n", env={}).llm_proxy is not None
+    with pytest.raises(ConfigError, match=r"^bots: at least one bot is required \(or an llm_pr"):
+        parse_config("bots: []\n", env={})
+
+
+@pytest.mark.parametrize(
+    ("section", "problem"),
+    [
+        ("  profile: nope", "llm_proxy.profile: no guard profile named 'nope' (profiles: default)"),
+        ("  block_mode: halt", "llm_proxy.block_mode: must be one of: answer, stop"),
+        ("  budget: {usd: 2}", "llm_proxy.budget.usd: a budget in dollars needs prices"),
+        ("  openai: {upstream: api.openai.com}", "llm_proxy.openai.upstream: must be an http://"),
+        (
+            "  openai: {upstream: 'http://x/v1?a=1'}",
+            "llm_proxy.openai.upstream: must be a base URL",
+        ),
+        ("  anthropic: {path: llm}", 'llm_proxy.anthropic.path: must be a URL path like "/llm'),
+        ("  anthropic: {path: /v1/x}", "llm_proxy.anthropic.path: must not start with a path"),
+        ("  openai: {api_key: 7}", "llm_proxy.openai.api_key: "),
+        ("  max_body_bytes: 10", "llm_proxy.max_body_bytes: must be >= 1024"),
+    ],
+)
+def test_llm_proxy_config_errors_name_the_key(section: str, problem: str) -> None:
+    found = _problems(section)
+    assert any(p.startswith(problem) for p in found), found
