@@ -16,6 +16,7 @@ import openai
 import pytest
 from aiohttp import web
 
+from gateway.store import StoreError
 from tests.fakes.llm import Behaviour, Exchange, FakeLLM, answer, hang, repeat_tool_call, status
 from tests.llm_proxy import (
     WEATHER_TOOL,
@@ -493,3 +494,43 @@ async def test_a_stop_lets_an_answer_in_flight_finish(redis_url: str, key_prefix
             await d.stop()  # within the grace period (10 s)
             code, _, got, _ = await asking
     assert (code, got) == (200, b"".join(parts))
+
+
+async def test_a_tool_event_the_guard_cannot_take_is_not_a_refusal(
+    redis_url: str, key_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "botbouncer.llm_proxy")
+    name = "t" * 300  # over the guard's 200 characters
+    call = {"id": "call_1", "type": "function", "function": {"name": name, "arguments": "{}"}}
+    body = {"model": "m", "messages": [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "ok"},
+    ]}  # fmt: skip
+    async with FakeLLM() as llm:
+        llm.default = answer("Done.")
+        async with proxy_daemon(llm, redis_url, key_prefix) as (_, url):
+            code, _, got, _ = await raw_post(f"{url}/llm/openai/v1/chat/completions", body)
+    assert code == 200 and json.loads(got)["choices"][0]["message"]["content"] == "Done."
+    assert llm.calls[0].body == body  # forwarded untouched
+    assert "a step of 'tttt" in caplog.text and "not fed to the guard" in caplog.text
+
+
+async def test_a_failing_store_forwards_unguarded(
+    redis_url: str, key_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with FakeLLM() as llm:
+        llm.default = repeat_tool_call("get_weather", {"city": "Brest"}, otherwise="Grey.")
+        async with proxy_daemon(llm, redis_url, key_prefix) as (d, url):
+            client = openai_client(f"{url}/llm/openai/v1")
+
+            async def broken(*args: Any, **kw: Any) -> Any:
+                raise StoreError("redis guard step failed: Connection refused")
+
+            d.guard.step = broken  # type: ignore[method-assign]
+            with pytest.raises(AssertionError, match="never answered in 6 turns"):
+                await openai_agent(client, "Brest?", turns=6)
+            opened = d.metrics.llm_requests.labels("openai", "fail_open")._value.get()
+    assert opened == 5  # every request but the first (which has nothing to feed)
+    assert all(c.tool_choice is None for c in llm.calls)
+    assert "forwarded unguarded" in caplog.text

@@ -182,3 +182,22 @@ def test_an_llm_proxy_alone_is_a_whole_config() -> None:
 def test_llm_proxy_config_errors_name_the_key(section: str, problem: str) -> None:
     found = _problems(section)
     assert any(p.startswith(problem) for p in found), found
+
+
+def test_calls_without_ids_or_text_still_anchor_a_session() -> None:
+    d = OpenAI()
+    message = {"role": "assistant", "content": None, "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]}  # fmt: skip
+    body = {"messages": [{"role": "user", "content": "go"}, message]}
+    anchor = d.anchor(body)
+    assert anchor is not None and anchor.startswith("calls:")
+    # The same answer streamed in fragments gives the same anchor.
+    tap = d.stream_tap({})
+    for delta in ({"role": "assistant"},
+                  {"tool_calls": [{"index": 0, "function": {"name": "f", "arguments": ""}}]},
+                  {"tool_calls": [{"index": 0, "function": {"arguments": '{"a": '}}]},
+                  {"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]}):  # fmt: skip
+        c = {"choices": [{"index": 0, "delta": delta}]}
+        tap.feed(b"data: " + json.dumps(c).encode() + b"\n\n")
+    tap.done()
+    assert tap.anchor == anchor

@@ -61,6 +61,7 @@ class OpenAIStreamTap(Tap):
         self._sse = SseReader()
         self._hide = hide_usage
         self._anchor = Anchor()
+        self._calls: dict[Any, list[str]] = {}  # index -> [name, arguments] so far
 
     def feed(self, chunk: bytes) -> bytes:
         events = self._sse.feed(chunk)
@@ -82,6 +83,7 @@ class OpenAIStreamTap(Tap):
         return b"".join(out)  # whole events only (one may wait for its end)
 
     def done(self) -> bytes:
+        self._anchor.calls = [(n, a) for n, a in self._calls.values()]
         self.anchor = self._anchor.value()
         return self._sse.rest() if self._hide else b""
 
@@ -98,14 +100,19 @@ class OpenAIStreamTap(Tap):
                 if isinstance(choice, dict) and choice.get("index", 0) == 0:
                     delta = choice.get("delta")
                     if isinstance(delta, dict):
-                        _anchor_delta(self._anchor, delta)
+                        _anchor_delta(self._anchor, delta, self._calls)
         return self._hide and isinstance(usage, dict) and choices == []
 
 
-def _anchor_delta(anchor: Anchor, delta: Json) -> None:
+def _anchor_delta(anchor: Anchor, delta: Json, calls: dict[Any, list[str]]) -> None:
     for call in _calls(delta):
         if isinstance(call.get("id"), str) and call["id"]:
             anchor.ids.append(call["id"])
+        fn = _function(call)
+        parts = calls.setdefault(call.get("index"), ["", ""])
+        for i, key in enumerate(("name", "arguments")):
+            if isinstance(fn.get(key), str):
+                parts[i] += fn[key]
     content = delta.get("content")
     if isinstance(content, str):
         anchor.text.append(content)
@@ -116,6 +123,10 @@ def _anchor_message(message: Json) -> str | None:
     for call in _calls(message):
         if isinstance(call.get("id"), str) and call["id"]:
             anchor.ids.append(call["id"])
+        fn = _function(call)
+        name, arguments = fn.get("name"), fn.get("arguments")
+        anchor.calls.append((name if isinstance(name, str) else "",
+                             arguments if isinstance(arguments, str) else ""))  # fmt: skip
     anchor.text.append(text_of(message.get("content")))
     return anchor.value()
 

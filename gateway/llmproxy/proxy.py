@@ -36,6 +36,7 @@ from aiohttp import web
 
 from gateway.config.llmproxy import ApiConfig, LlmProxyConfig
 from gateway.errors import BotbouncerError
+from gateway.guard.requests import GuardInputError
 from gateway.guard.service import Answer, Guard
 from gateway.inflight import InFlight, ShuttingDown
 from gateway.llmproxy import session as sessions
@@ -242,6 +243,8 @@ class LlmProxy:
             new = await self.seen.new(session, events)
             for event in new:
                 answer = await self._feed(session, event, profile)
+                if answer is None:
+                    continue
                 answers.append(answer)
                 if answer.decision == "block":
                     break
@@ -259,13 +262,22 @@ class LlmProxy:
             return Verdict(a, "budget_exhausted")
         return Verdict(a, "tools_disabled" if self.config.block_mode == "answer" else "stopped")
 
-    async def _feed(self, session: str, event: ToolEvent, profile: str) -> Answer:
-        if event.kind == "step":
-            args = event.args if event.args is not None else {}
-            answer = await self.guard.step(session, {"tool": event.tool, "args": args}, profile)
-        else:
-            body = {"tool": event.tool, "ok": event.ok, "output": event.output}
-            answer = await self.guard.result(session, body, profile)
+    async def _feed(self, session: str, event: ToolEvent, profile: str) -> Answer | None:
+        """The guard's answer, or None for an event it cannot take (a tool name
+        over 200 characters, arguments nested too deep): the agent's own
+        input is the upstream's to judge, never a reason to refuse it."""
+        try:
+            if event.kind == "step":
+                args = event.args if event.args is not None else {}
+                step = {"tool": event.tool, "args": args}
+                answer = await self.guard.step(session, step, profile)
+            else:
+                body = {"tool": event.tool, "ok": event.ok, "output": event.output}
+                answer = await self.guard.result(session, body, profile)
+        except GuardInputError as exc:
+            log.info("llm proxy session=%s: a %s of %.60r not fed to the guard: %s", session,
+                     event.kind, event.tool, exc)  # fmt: skip
+            return None
         self.metrics.guard_checks.labels(answer.decision, answer.reason).inc()
         return answer
 

@@ -170,16 +170,21 @@ class WholeTap(Tap):
 @dataclass
 class Anchor:
     """What the first answer of a conversation said, as the fingerprint takes it:
-    its tool calls' ids (unique per answer), else a digest of its text."""
+    its tool calls' ids (unique per answer), else a digest of its text, else
+    of its tool calls (a server that gives no ids, and no text)."""
 
     ids: list[str] = field(default_factory=list)
     text: list[str] = field(default_factory=list)
+    # (name, arguments) of tool calls without ids, as a last resort
+    calls: list[tuple[str, str]] = field(default_factory=list)
 
     def value(self) -> str | None:
         if self.ids:
             return "ids:" + ",".join(self.ids)
         text = "".join(self.text)
-        return "text:" + digest(text) if text else None
+        if text:
+            return "text:" + digest(text)
+        return "calls:" + digest(self.calls) if self.calls else None
 
 
 class Dialect(ABC):
