@@ -166,6 +166,43 @@ def _init(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mcp_proxy(args: argparse.Namespace) -> int:
+    from gateway.config.process import _split_listen
+    from gateway.errors import StartupError
+    from gateway.fields import check_http_url
+    from gateway.guard.requests import GuardInputError, check_session
+    from gateway.logs import setup_logging
+
+    command = args.server[1:] if args.server[:1] == ["--"] else args.server
+    if bool(command) == bool(args.upstream):
+        return _fail("mcp-proxy: give the server to start (-- CMD ARGS...) or --upstream URL, "
+                     "not both")  # fmt: skip
+    try:
+        config = load_config(args.config) if args.config else Config.default()
+    except ConfigError as exc:
+        return _fail(f"{args.config}: invalid configuration\n{exc}")
+    try:
+        listen = _split_listen(args.listen)
+        if args.upstream:
+            check_http_url(args.upstream)
+        if args.session is not None:
+            check_session(args.session)
+    except GuardInputError as exc:
+        return _fail(f"--session: {str(exc).partition(': ')[2]}")
+    except ValueError as exc:
+        return _fail(f"--{'upstream' if args.upstream and 'URL' in str(exc) else 'listen'}: {exc}")
+    handler = setup_logging(args.log_level, "text")  # stderr: stdout is the protocol
+    from gateway.mcpproxy.main import serve
+
+    try:
+        return asyncio.run(serve(config, command, session=args.session, profile=args.profile,
+                                 upstream=args.upstream, listen=listen))  # fmt: skip
+    except (StartupError, FileNotFoundError, GuardInputError) as exc:
+        return _fail(f"mcp-proxy: {exc}")
+    finally:
+        logging.getLogger().removeHandler(handler)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from gateway.demo import run_demo
 
@@ -219,6 +256,29 @@ def build_parser() -> argparse.ArgumentParser:
                       help="where to write it (default: botbouncer.yml)")  # fmt: skip
     init.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
     init.set_defaults(func=_init)
+
+    mcp = sub.add_parser(
+        "mcp-proxy",
+        help="the agent guard in front of an MCP server (stdio, or streamable HTTP)",
+        usage="botbouncer mcp-proxy [-c FILE] [--session S] [--profile P] "
+        "(-- CMD ARGS... | --upstream URL [--listen HOST:PORT])",
+    )
+    mcp.add_argument("-c", "--config", metavar="FILE",
+                     help="store, guard, mcp_proxy (default: built-in defaults)")  # fmt: skip
+    mcp.add_argument("--session", metavar="S",
+                     help="the guard session (default: one per client connection)")  # fmt: skip
+    mcp.add_argument(
+        "--profile", metavar="P", help="the guard profile (default: mcp_proxy.profile)"
+    )
+    mcp.add_argument("--upstream", metavar="URL",
+                     help="a streamable HTTP MCP server's URL, to serve in front of")  # fmt: skip
+    mcp.add_argument("--listen", default="127.0.0.1:8090", metavar="HOST:PORT",
+                     help="with --upstream: where to listen (default 127.0.0.1:8090)")  # fmt: skip
+    mcp.add_argument("--log-level", default="warning",
+                     choices=["debug", "info", "warning", "error"])  # fmt: skip
+    mcp.add_argument("server", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
+                     help="the stdio MCP server to start and relay to")  # fmt: skip
+    mcp.set_defaults(func=_mcp_proxy)
 
     demo = sub.add_parser("demo", help="watch two bots loop and botbouncer stop them")
     demo.add_argument("--delay", type=float, metavar="SECONDS",

@@ -588,7 +588,7 @@ BOT = "bots:\n  - {name: helper, platform: http, backend: {type: echo}}\n"
 
 def test_an_empty_file_says_a_bot_is_required(tmp_path: Path) -> None:
     res = check_text(tmp_path, b"")
-    assert res.problems == ["bots: at least one bot is required (or an llm_proxy section)"]
+    assert res.problems == ["bots: at least one bot is required (or an llm_proxy or mcp_proxy section)"]
 
 
 def test_a_directory_a_missing_file_and_non_utf8_are_named(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ session.py) on bodies as the SDKs send them, and its `llm_proxy:` config."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -201,3 +202,12 @@ def test_calls_without_ids_or_text_still_anchor_a_session() -> None:
         tap.feed(b"data: " + json.dumps(c).encode() + b"\n\n")
     tap.done()
     assert tap.anchor == anchor
+
+
+@pytest.mark.parametrize("page", ["llm-proxy.md", "mcp-proxy.md"])
+def test_the_proxy_pages_configs_are_valid_configs(page: str) -> None:
+    text = (Path(__file__).resolve().parents[1] / "docs" / page).read_text(encoding="utf-8")
+    blocks = [b.split("```", 1)[0] for b in text.split("```yaml\n")[1:]]
+    assert blocks
+    for block in blocks:
+        parse_config(block, env={})  # raises ConfigError naming the key

@@ -11,6 +11,7 @@ from pydantic_core import PydanticCustomError
 from gateway.config.bots import BotConfig
 from gateway.config.errors import LOCATED, UnknownBotError
 from gateway.config.llmproxy import LlmProxyConfig
+from gateway.config.mcpproxy import McpProxyConfig
 from gateway.config.policy import POLICY_KEYS, Policy
 from gateway.config.process import HttpConfig, ShutdownConfig, StoreConfig
 from gateway.fields import Model, deep_merge, none_to_empty
@@ -39,6 +40,7 @@ class Config(Model):
     shutdown: ShutdownConfig = ShutdownConfig()
     guard: GuardConfig = GuardConfig()
     llm_proxy: LlmProxyConfig | None = None
+    mcp_proxy: McpProxyConfig | None = None
     defaults: Policy = Policy()
     bots: list[BotConfig] = Field(default_factory=list, validate_default=True)
 
@@ -70,7 +72,7 @@ class Config(Model):
             first[bot.name] = i
         return bots
 
-    @field_validator("llm_proxy", mode="before")
+    @field_validator("llm_proxy", "mcp_proxy", mode="before")
     @classmethod
     def _proxy_section(cls, value: Any) -> Any:
         return none_to_empty(value)  # `llm_proxy:` with every key commented out: on, defaults
@@ -79,12 +81,13 @@ class Config(Model):
     def _something_to_guard(self) -> Config:
         # After the fields: a broken llm_proxy section is reported as itself,
         # not as "no bots" too.
-        if not self.bots and self.llm_proxy is None:
+        if not self.bots and self.llm_proxy is None and self.mcp_proxy is None:
             raise PydanticCustomError(
                 LOCATED,
                 "{message}",
                 {
-                    "message": "at least one bot is required (or an llm_proxy section)",
+                    "message": "at least one bot is required "
+                    "(or an llm_proxy or mcp_proxy section)",
                     "at": ("bots",),
                 },
             )
@@ -92,17 +95,17 @@ class Config(Model):
 
     @model_validator(mode="after")
     def _proxy_profile(self) -> Config:
-        proxy = self.llm_proxy
-        if proxy is not None and proxy.profile not in self.guard.profiles:
-            known = ", ".join(sorted(self.guard.profiles))
-            raise PydanticCustomError(
-                LOCATED,
-                "{message}",
-                {
-                    "message": f"no guard profile named {proxy.profile!r} (profiles: {known})",
-                    "at": ("llm_proxy", "profile"),
-                },
-            )
+        for section, proxy in (("llm_proxy", self.llm_proxy), ("mcp_proxy", self.mcp_proxy)):
+            if proxy is not None and proxy.profile not in self.guard.profiles:
+                known = ", ".join(sorted(self.guard.profiles))
+                raise PydanticCustomError(
+                    LOCATED,
+                    "{message}",
+                    {
+                        "message": f"no guard profile named {proxy.profile!r} (profiles: {known})",
+                        "at": (section, "profile"),
+                    },
+                )
         return self
 
     @classmethod

@@ -1,0 +1,32 @@
+"""An MCP client stuck on one call, through `botbouncer mcp-proxy`
+(docs/mcp-proxy.md): run from the repository's root,
+
+    .venv/bin/python docs/examples/mcp_loop_demo.py
+"""
+
+import asyncio
+import sys
+
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+# What an MCP client's config would say: the proxy as the command, the real
+# server after `--`.
+SERVER = StdioServerParameters(
+    command="botbouncer",
+    args=["mcp-proxy", "--", sys.executable, "docs/examples/mcp_search_server.py"],
+)
+
+
+async def main() -> None:
+    async with stdio_client(SERVER) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        for attempt in range(1, 6):
+            result = await session.call_tool("search", {"query": "tide tables"})
+            texts = " | ".join(block.text for block in result.content)  # type: ignore[union-attr]
+            print(f"{attempt}: {'error' if result.is_error else 'ok'}: {texts}")
+        ran = await session.call_tool("searches_run", {})
+        print(f"the server ran search {ran.structured_content['result']} times")  # type: ignore[index]
+
+
+asyncio.run(main())

@@ -1,0 +1,140 @@
+"""What the MCP proxy does to the messages it relays (docs/mcp-proxy.md): a
+`tools/call` request is a guard step before it is forwarded and its answer a
+guard result; a call the guard blocks is answered here, with a
+CallToolResult whose `isError` is true and whose text is the guard's message,
+and the server never sees it. Every other message, and every message this
+leaves alone, is relayed as the bytes it came as.
+
+Both transports (gateway/mcpproxy/stdio.py, http.py) hand each message to
+`ToolCalls`, one per client connection: `from_client` for what the client
+sends, `from_server` for what the server sends. Messages are read with the
+MCP SDK's own types (mcp_types); one that does not parse is not ours to
+judge and passes untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import mcp_types as mcp
+from pydantic import ValidationError
+
+from gateway.errors import BotbouncerError
+from gateway.guard.service import Answer, Guard
+
+log = logging.getLogger("botbouncer.mcp_proxy")
+NOTE = "botbouncer (loop guard): "
+RequestId = int | str
+
+
+def parse(raw: bytes | str) -> mcp.JSONRPCMessage | None:
+    try:
+        return mcp.jsonrpc_message_adapter.validate_json(raw)
+    except ValidationError:
+        return None
+
+
+def dump(message: mcp.JSONRPCMessage) -> bytes:
+    return message.model_dump_json(by_alias=True, exclude_none=True).encode()
+
+
+def result_text(result: mcp.CallToolResult) -> str:
+    """A result as the guard compares it: its text content, else its structured content."""
+    texts = [b.text for b in result.content if isinstance(b, mcp.TextContent)]
+    if texts:
+        return "\n".join(texts)
+    if result.structured_content is not None:
+        return json.dumps(result.structured_content, sort_keys=True, default=str)
+    return ""
+
+
+@dataclass
+class Pending:
+    tool: str
+    step: Answer | None  # None when the guard could not take the step
+
+
+class ToolCalls:
+    """The tool calls of one client connection, between its request and its answer."""
+
+    def __init__(self, guard: Guard, session: str, profile: str, warn_note: bool = True) -> None:
+        self.guard = guard
+        self.session = session
+        self.profile = profile
+        self.warn_note = warn_note
+        self.pending: dict[RequestId, Pending] = {}
+        self.blocked = 0
+
+    async def from_client(self, message: mcp.JSONRPCMessage) -> mcp.JSONRPCMessage | None:
+        """None: forward the message as it came; else the answer to send back
+        to the client instead of forwarding it."""
+        if isinstance(message, mcp.JSONRPCNotification):
+            if message.method == "notifications/cancelled" and message.params:
+                # The client gave up on it: an answer that still comes is not its result.
+                self.pending.pop(message.params.get("requestId"), None)  # type: ignore[arg-type]
+            return None
+        if not isinstance(message, mcp.JSONRPCRequest) or message.method != "tools/call":
+            return None
+        try:
+            params = mcp.CallToolRequestParams.model_validate(message.params or {})
+        except ValidationError:
+            return None  # the server says what is wrong with it
+        answer = await self._check("step", {"tool": params.name, "args": params.arguments or {}})
+        if answer is not None and answer.decision == "block":
+            self.blocked += 1
+            log.info("mcp proxy session=%s block %s: %s not called", self.session,
+                     answer.reason, params.name)  # fmt: skip
+            result = mcp.CallToolResult(
+                content=[mcp.TextContent(type="text", text=NOTE + answer.message)], is_error=True
+            )
+            return mcp.JSONRPCResponse(
+                jsonrpc="2.0",
+                id=message.id,
+                result=result.model_dump(by_alias=True, exclude_none=True, mode="json"),
+            )
+        self.pending[message.id] = Pending(params.name, answer)
+        return None
+
+    async def from_server(self, message: mcp.JSONRPCMessage) -> mcp.JSONRPCMessage | None:
+        """None: forward the message as it came; else the message to send instead."""
+        if not isinstance(message, mcp.JSONRPCResponse | mcp.JSONRPCError):
+            return None
+        if message.id is None:
+            return None
+        call = self.pending.pop(message.id, None)
+        if call is None:
+            return None
+        if isinstance(message, mcp.JSONRPCError):
+            body = {"tool": call.tool, "ok": False, "output": message.error.message}
+            await self._check("result", body)
+            return None
+        try:
+            result = mcp.CallToolResult.model_validate(message.result)
+        except ValidationError:
+            return None
+        body = {"tool": call.tool, "ok": not result.is_error, "output": result_text(result)}
+        answer = await self._check("result", body)
+        warned = [a for a in (call.step, answer) if a is not None and a.decision == "warn"]
+        if not (warned and self.warn_note and not result.is_error):
+            return None
+        # The model reads the warning beside the result it asked for.
+        note = {"type": "text", "text": NOTE + warned[0].message}
+        content = [*message.result.get("content", []), note]
+        return mcp.JSONRPCResponse(
+            jsonrpc="2.0", id=message.id, result={**message.result, "content": content}
+        )
+
+    async def _check(self, op: str, body: dict[str, Any]) -> Answer | None:
+        """The guard's answer, or None when it has none to give (the store
+        failed, a tool name it does not take): the call then goes on unguarded."""
+        try:
+            if op == "step":
+                return await self.guard.step(self.session, body, self.profile)
+            return await self.guard.result(self.session, body, self.profile)
+        except BotbouncerError as exc:
+            log.warning("mcp proxy session=%s: %s of %.60r not checked: %s", self.session, op,
+                        body.get("tool"), exc)  # fmt: skip
+            return None

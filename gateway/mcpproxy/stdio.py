@@ -1,0 +1,158 @@
+"""`botbouncer mcp-proxy -- CMD ARGS...`: an MCP server over stdio that starts
+the real one as its child and relays every line between them.
+
+MCP over stdio is one JSON-RPC message a line. Each line is relayed as the
+bytes it came as unless gateway/mcpproxy/calls.py acts on it, so a server
+behind the proxy answers byte for byte what it answers directly. The SDK's
+own stdio transports are not used: they re-serialise every message, and the
+client one keeps the child's exit status to itself, which the proxy exits
+with.
+
+The child's stderr is the proxy's. The proxy ends when the child exits (with
+its exit status), or when its client closes stdin (the child's stdin is
+closed then, as MCP's shutdown says, and the child given GRACE seconds
+before SIGTERM, then as long again before SIGKILL), or on SIGTERM/SIGINT
+(passed on to the child).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from typing import BinaryIO
+
+from gateway.mcpproxy.calls import ToolCalls, dump, parse
+
+log = logging.getLogger("botbouncer.mcp_proxy")
+
+# The longest line (one message) relayed; a tool result may be large.
+MAX_LINE = 128 * 1024 * 1024
+GRACE = 2.0
+
+
+class Output:
+    """The client's side of stdout: whole lines, in order."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+        self._writer: asyncio.StreamWriter | None = None
+
+    async def open(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            transport, protocol = await loop.connect_write_pipe(
+                asyncio.streams.FlowControlMixin, self._stream
+            )
+        except (ValueError, OSError):  # a regular file: written synchronously
+            return
+        self._writer = asyncio.StreamWriter(transport, protocol, None, loop)
+
+    async def write(self, line: bytes) -> None:
+        if self._writer is None:
+            self._stream.write(line)
+            self._stream.flush()
+            return
+        self._writer.write(line)
+        await self._writer.drain()
+
+
+async def _input(stream: BinaryIO) -> Callable[[], Awaitable[bytes]]:
+    """A readline for the client's side of stdin."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=MAX_LINE)
+    try:
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), stream)
+    except (ValueError, OSError):  # a regular file: read in a thread
+        return lambda: asyncio.to_thread(stream.readline)
+    return reader.readline
+
+
+async def run(
+    command: list[str],
+    calls: ToolCalls,
+    stdin: BinaryIO | None = None,
+    stdout: BinaryIO | None = None,
+) -> int:
+    """Relay until the end; the child's exit status (128 + N for a signal N)."""
+    try:
+        child = await asyncio.create_subprocess_exec(
+            *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            limit=MAX_LINE,
+        )  # fmt: skip
+    except OSError as exc:
+        raise FileNotFoundError(f"cannot start {command[0]!r}: {exc.strerror or exc}") from None
+    assert child.stdin is not None and child.stdout is not None
+    to_child, from_child = child.stdin, child.stdout
+    out = Output(stdout or sys.stdout.buffer)
+    await out.open()
+    readline = await _input(stdin or sys.stdin.buffer)
+
+    async def client_side() -> None:
+        while line := await readline():
+            message = parse(line)
+            answer = await calls.from_client(message) if message is not None else None
+            if answer is not None:
+                await out.write(dump(answer) + b"\n")
+                continue
+            to_child.write(line)
+            try:
+                await to_child.drain()
+            except ConnectionError:
+                return  # the child is gone; its end is told below
+        to_child.close()  # the client is done: MCP's shutdown starts here
+
+    async def server_side() -> None:
+        while line := await from_child.readline():
+            message = parse(line)
+            instead = await calls.from_server(message) if message is not None else None
+            await out.write(dump(instead) + b"\n" if instead is not None else line)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    client = asyncio.create_task(client_side())
+    server = asyncio.create_task(server_side())
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        done, _ = await asyncio.wait(
+            {client, server, stopping}, return_when=asyncio.FIRST_COMPLETED
+        )
+        if stopping in done:
+            _signal(child, signal.SIGTERM)
+        elif client in done:
+            client.result()
+            await _await_exit(child)
+        await server  # the child's last words reach the client
+        code = await child.wait()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        for task in (client, server, stopping):
+            task.cancel()
+        if child.returncode is None:
+            _signal(child, signal.SIGKILL)
+            await child.wait()
+    return 128 - code if code < 0 else code
+
+
+async def _await_exit(child: asyncio.subprocess.Process) -> None:
+    """After its stdin closed: GRACE seconds, SIGTERM, GRACE again, SIGKILL."""
+    for then in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            await asyncio.wait_for(child.wait(), GRACE)
+            return
+        except TimeoutError:
+            log.warning("mcp proxy: the server did not exit %gs after its input closed; "
+                        "sending %s", GRACE, then.name)  # fmt: skip
+            _signal(child, then)
+    await child.wait()
+
+
+def _signal(child: asyncio.subprocess.Process, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        child.send_signal(sig)
