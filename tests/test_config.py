@@ -28,6 +28,8 @@ bots:
     backend: {type: echo}
 """
 
+NO_BOTS = "bots: at least one bot is required (or an llm_proxy or mcp_proxy section)"
+
 
 def problems(text: str, env: dict[str, str] | None = None) -> list[str]:
     with pytest.raises(ConfigError) as info:
@@ -348,7 +350,7 @@ def test_duplicate_bot_names_rejected() -> None:
 
 @pytest.mark.parametrize("bots", ["bots: []", "bots:", ""])
 def test_at_least_one_bot_is_required(bots: str) -> None:
-    assert problems(bots) == ["bots: at least one bot is required (or an llm_proxy or mcp_proxy section)"]
+    assert problems(bots) == [NO_BOTS]
 
 
 SCHEMES = "memory://, redis://, rediss://, redis+cluster://, redis+sentinel://, rediss+sentinel://"
@@ -544,7 +546,7 @@ def test_empty_file_means_no_bots(tmp_path: Path) -> None:
     path.write_text("# nothing here\n", encoding="utf-8")
     with pytest.raises(ConfigError) as info:
         load_config(path, env={})
-    assert info.value.problems == ["bots: at least one bot is required (or an llm_proxy or mcp_proxy section)"]
+    assert info.value.problems == [NO_BOTS]
 
 
 @pytest.mark.parametrize("text", ["- a\n- b\n", "just text\n", "42\n"])

@@ -52,6 +52,8 @@ FUZZ = settings(
 )
 SET, EMPTY, UNSET = "BB_FUZZ_SET", "BB_FUZZ_EMPTY", "BB_FUZZ_UNSET"
 
+NO_BOTS = "bots: at least one bot is required (or an llm_proxy or mcp_proxy section)"
+
 
 @pytest.fixture(autouse=True)
 def _env(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -588,7 +590,7 @@ BOT = "bots:\n  - {name: helper, platform: http, backend: {type: echo}}\n"
 
 def test_an_empty_file_says_a_bot_is_required(tmp_path: Path) -> None:
     res = check_text(tmp_path, b"")
-    assert res.problems == ["bots: at least one bot is required (or an llm_proxy or mcp_proxy section)"]
+    assert res.problems == [NO_BOTS]
 
 
 def test_a_directory_a_missing_file_and_non_utf8_are_named(tmp_path: Path) -> None:
