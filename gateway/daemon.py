@@ -22,6 +22,7 @@ from typing import Protocol
 from aiohttp import web
 
 from gateway.admin import Admin
+from gateway.alerts import Alerts
 from gateway.backends import Backend, make_backend
 from gateway.backends.python import PythonBackendError
 from gateway.classifier import Classifier
@@ -98,12 +99,13 @@ def build_gateway(
     clock: Callable[[], float] | None = None,
     inflight: InFlight | None = None,
     metrics: Metrics | None = None,
+    alerts: Alerts | None = None,
 ) -> Gateway:
     """A bot's gateway with its classifier and (unless dry_run) its guarded backend."""
     backend, classifier = build_parts(bot, outbound, dry_run=dry_run)
     return Gateway(
         bot, store, backend, classifier=classifier, dry_run=dry_run, clock=clock,
-        inflight=inflight, metrics=metrics,
+        inflight=inflight, metrics=metrics, alerts=alerts,
     )  # fmt: skip
 
 
@@ -129,6 +131,8 @@ def restart_needed(running: Config, new: Config) -> list[str]:
         out.append("store")
     if new.http.listen != running.http.listen:
         out.append("http.listen")
+    if new.alerts != running.alerts:
+        out.append("alerts")
     old_paths = running.llm_proxy.apis() if running.llm_proxy is not None else []
     new_paths = new.llm_proxy.apis() if new.llm_proxy is not None else []
     if [(n, a.path) for n, a in old_paths] != [(n, a.path) for n, a in new_paths]:
@@ -161,11 +165,18 @@ class Daemon:
             max_chats=config.store.max_chats,
         )
         self.metrics = Metrics()
+        self.alerts: Alerts | None = None
+        if config.alerts:
+            self.alerts = Alerts(
+                list(config.alerts), self.store, self.metrics, config.guard.session_ttl_seconds
+            )
         if isinstance(self.store, FailoverStore):
-            self.store.on_change = lambda degraded: self.metrics.store_degraded.set(int(degraded))
+            self.store.on_change = self._store_changed
         self.inflight = InFlight()
         token = config.http.admin_token
         self.guard = Guard(config.guard, engine_for(self.store))
+        if self.alerts is not None:
+            self.guard.observer = self.alerts.guard
         self.server = HttpServer(
             self.store, self.metrics, token.get_secret_value() if token else None, self.guard
         )
@@ -180,8 +191,9 @@ class Daemon:
         self.adapters: list[Adapter] = []
         for bot in config.bots:
             gateway = build_gateway(
-                bot, self.store, self.outbound, inflight=self.inflight, metrics=self.metrics
-            )
+                bot, self.store, self.outbound, inflight=self.inflight, metrics=self.metrics,
+                alerts=self.alerts,
+            )  # fmt: skip
             self.gateways[bot.name] = gateway
         peers = list(self.gateways.values())
         for name, gateway in self.gateways.items():
@@ -195,8 +207,15 @@ class Daemon:
         self._runner: web.AppRunner | None = None
         self.stopping = asyncio.Event()
 
+    def _store_changed(self, degraded: bool) -> None:
+        self.metrics.store_degraded.set(int(degraded))
+        if self.alerts is not None:
+            self.alerts.store_changed(degraded)
+
     async def start(self) -> str:
         """Start the HTTP server and every adapter; return the URL listened on."""
+        if self.alerts is not None:
+            self.alerts.start()
         http = self.config.http
         fit_open_files(http.max_connections)
         # The http section is read per connection: a reload's deadlines and
@@ -289,6 +308,8 @@ class Daemon:
         if self._runner is not None:
             await self._runner.cleanup()
         await self.outbound.close()
+        if self.alerts is not None:
+            await self.alerts.stop()
         if self.llm_proxy is not None:
             await self.llm_proxy.close()
         await self.store.close()

@@ -136,6 +136,13 @@ class Metrics:
             "botbouncer_llm_proxy_tokens", "Tokens the upstreams reported, by API and kind.",
             ["api", "kind"], registry=r,
         )  # fmt: skip
+        self.alerts = Counter(
+            "botbouncer_alerts",
+            "Alerts by target (index:type), event and outcome: sent, failed (after its "
+            "retries), dropped (the target's queue was full), duplicate (another replica "
+            "claimed it).",
+            ["target", "event", "outcome"], registry=r,
+        )  # fmt: skip
         self.store_degraded = Gauge(
             "botbouncer_store_degraded", "1 while the shared store is unreachable.", registry=r
         )

@@ -16,6 +16,7 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager, null
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gateway.alerts import Alerts
 from gateway.backends import Backend, context_wanted, deadline
 from gateway.classifier import Classifier
 from gateway.config import BotConfig
@@ -148,8 +149,10 @@ class Gateway:
         clock: Callable[[], float] | None = None,
         inflight: InFlight | None = None,
         metrics: Metrics | None = None,
+        alerts: Alerts | None = None,
     ) -> None:
         self.store = store
+        self.alerts = alerts
         self.bot_id = bot_id or bot.user_id or bot.name
         self.dry_run = dry_run
         self.clock = clock
@@ -376,6 +379,8 @@ class Gateway:
         seconds = time.perf_counter() - started
         if self.metrics is not None:
             self.metrics.decision(decision, self._s.bot.platform, seconds)
+        if self.alerts is not None and decision.reason is not None:
+            self.alerts.decision(decision, self._s.bot)  # queued, never awaited
         level = logging.DEBUG if decision.reason is Reason.OWN_MESSAGE else logging.INFO
         if not log.isEnabledFor(level):
             return decision

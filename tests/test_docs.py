@@ -476,6 +476,8 @@ def config_rows() -> list[str]:
                 for backend in _models(BotConfig.model_fields["backend"].annotation):
                     kind = typing.get_args(backend.model_fields["type"].annotation)[0]
                     walk(backend, f"bots[].backend.({kind}).", frozenset({"type"}))
+            elif nested and typing.get_origin(annotation) is list:  # alerts
+                walk(nested[0], f"{key}[].")
             elif nested and typing.get_origin(annotation) is dict:  # llm_proxy.prices
                 walk(nested[0], f"{key}.<model>.")
             elif nested:

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from gateway.config.alerts import AlertTarget
 from gateway.config.bots import BotConfig
 from gateway.config.errors import LOCATED, UnknownBotError
 from gateway.config.llmproxy import LlmProxyConfig
@@ -41,6 +42,7 @@ class Config(Model):
     guard: GuardConfig = GuardConfig()
     llm_proxy: LlmProxyConfig | None = None
     mcp_proxy: McpProxyConfig | None = None
+    alerts: list[AlertTarget] = Field(default_factory=list)
     defaults: Policy = Policy()
     bots: list[BotConfig] = Field(default_factory=list, validate_default=True)
 
@@ -49,7 +51,7 @@ class Config(Model):
     def _apply_defaults(cls, data: Any) -> Any:
         return _merge_defaults(none_to_empty(data))
 
-    @field_validator("bots", mode="before")
+    @field_validator("bots", "alerts", mode="before")
     @classmethod
     def _bots_null(cls, value: Any) -> Any:
         return [] if value is None else value

@@ -260,6 +260,8 @@ class Guard:
     ) -> None:
         self.engine = engine
         self.clock = clock
+        # Told every answer that is not allow (gateway/alerts.py); must not await.
+        self.observer: Callable[[str, Answer], None] | None = None
         self.configure(config)
 
     def configure(self, config: GuardConfig) -> None:
@@ -302,7 +304,7 @@ class Guard:
             ev["best_confidence"] = None if best < 0 else round(best / MICRO, 6)
         budget = _budget(info)
         steps = {"used": info.get("steps", 0), "max": info.get("max_steps")}
-        return Answer(
+        answer = Answer(
             session=session,
             decision=decision,
             reason=reason,
@@ -312,6 +314,9 @@ class Guard:
             budget=budget,
             steps=steps,
         )
+        if self.observer is not None and decision != "allow":
+            self.observer(session, answer)
+        return answer
 
     async def step(self, session: str, body: Any, profile: str | None = None) -> Answer:
         req = parse_body(StepBody, body)

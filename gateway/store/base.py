@@ -289,6 +289,11 @@ class Store(Protocol):
         """Save a read position; it lapses after the state TTL unused."""
         ...
 
+    async def claim(self, name: str, ttl_ms: int) -> bool:
+        """True for the first claim of `name` within `ttl_ms` by any process on
+        this store, False for every other (an alert sent once per threshold)."""
+        ...
+
     async def ping(self) -> None:
         """Raise StoreError when the store cannot be reached (for /healthz)."""
         ...

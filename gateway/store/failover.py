@@ -300,6 +300,11 @@ class FailoverStore:
         await self.fallback.set_cursor(name, value)
         await self.run(lambda: self.primary.set_cursor(name, value), _nothing)
 
+    async def claim(self, name: str, ttl_ms: int) -> bool:
+        return await self.run(
+            lambda: self.primary.claim(name, ttl_ms), lambda: self.fallback.claim(name, ttl_ms)
+        )
+
     async def ping(self) -> None:
         """Raise StoreError while degraded, naming why and since when, or when
         Redis refuses the write check (for /healthz). Never a reason to leave

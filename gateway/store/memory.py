@@ -48,6 +48,7 @@ from gateway.turns import Count, verdict
 log = logging.getLogger("botbouncer.store")
 
 WARN_EVERY = 60.0  # seconds between warnings that chats were forgotten
+MAX_CLAIMS = 100_000  # alert claims held (gateway/alerts.py): ~10 MB at most
 
 _NO_OVERRIDES = Overrides()  # frozen: one for every chat that has none
 # A decision log entry is kept as the tuple of its values when it has these
@@ -127,6 +128,7 @@ class MemoryStore:
         self._warned_at = -float("inf")
         self._tickets: MemoryTickets[str] = MemoryTickets()
         self._cursors: dict[str, str] = {}
+        self._claims: OrderedDict[str, int] = OrderedDict()  # name -> until (ms)
 
     # -- plumbing ---------------------------------------------------------
 
@@ -468,6 +470,17 @@ class MemoryStore:
 
     async def set_cursor(self, name: str, value: str) -> None:
         self._cursors[name] = value  # one per connected bot: nothing to bound
+
+    async def claim(self, name: str, ttl_ms: int) -> bool:
+        now = self._now(None)
+        until = self._claims.get(name)
+        if until is not None and until > now:
+            return False
+        self._claims[name] = now + ttl_ms
+        self._claims.move_to_end(name)
+        while len(self._claims) > MAX_CLAIMS:  # the oldest first: most have lapsed
+            self._claims.popitem(last=False)
+        return True
 
     async def ping(self) -> None:
         return None

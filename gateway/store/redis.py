@@ -564,6 +564,10 @@ class RedisStore:
         with failing("saving a cursor"):
             await self.client.set(f"{self.prefix}:cursor:{name}", value, px=self._state_ttl)
 
+    async def claim(self, name: str, ttl_ms: int) -> bool:
+        with failing("claiming"):
+            return bool(await self.client.set(f"{self.prefix}:claim:{name}", 1, nx=True, px=ttl_ms))
+
     async def ping(self) -> None:
         """Check what decisions need of Redis: a write. A Redis that answers
         PING but refuses writes (out of memory under `noeviction`, a replica
