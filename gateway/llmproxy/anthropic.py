@@ -18,6 +18,7 @@ from gateway.llmproxy.wire import (
     ToolEvent,
     count,
     key_of,
+    objects,
     text_of,
 )
 
@@ -33,13 +34,11 @@ _ERROR_TYPES = {
 
 
 def _messages(body: Json) -> list[Json]:
-    messages = body.get("messages")
-    return [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
+    return objects(body.get("messages"))
 
 
 def _blocks(message: Json) -> list[Json]:
-    content = message.get("content")
-    return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+    return objects(message.get("content"))
 
 
 def _usage(tap: Tap, usage: Json) -> None:

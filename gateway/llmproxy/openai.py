@@ -20,6 +20,7 @@ from gateway.llmproxy.wire import (
     ToolEvent,
     count,
     key_of,
+    objects,
     parse_arguments,
     text_of,
 )
@@ -36,13 +37,11 @@ _ERROR_TYPES = {
 
 
 def _messages(body: Json) -> list[Json]:
-    messages = body.get("messages")
-    return [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
+    return objects(body.get("messages"))
 
 
 def _calls(message: Json) -> list[Json]:
-    calls = message.get("tool_calls")
-    return [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+    return objects(message.get("tool_calls"))
 
 
 def _function(call: Json) -> Json:

@@ -42,19 +42,14 @@ from gateway.inflight import InFlight, ShuttingDown
 from gateway.llmproxy import session as sessions
 from gateway.llmproxy.anthropic import Anthropic
 from gateway.llmproxy.openai import OpenAI
-from gateway.llmproxy.wire import Dialect, Json, Tap, ToolEvent, Usage, WholeTap
+from gateway.llmproxy.wire import HOP_BY_HOP, Dialect, Json, Tap, ToolEvent, Usage, WholeTap
 from gateway.metrics import Metrics
 from gateway.store import Store, StoreError
 
 log = logging.getLogger("botbouncer.llm_proxy")
 
-# Never forwarded either way: hop-by-hop headers (RFC 9110 7.6.1), what the
-# proxy sets itself, and its own session header.
-_HOP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
-    "te", "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length",
-    "accept-encoding", "content-encoding", sessions.HEADER.lower(),
-})  # fmt: skip
+# Never forwarded either way: hop-by-hop headers and the proxy's own session header.
+_HOP = HOP_BY_HOP | {sessions.HEADER.lower()}
 _KEYS = frozenset({"authorization", "x-api-key", "api-key"})
 GUARD_HEADER = "X-Botbouncer-Guard"
 NOTE = "botbouncer (loop guard): "

@@ -13,6 +13,14 @@ from typing import Any, Literal
 
 Json = dict[str, Any]
 
+# Never relayed either way by a proxy: hop-by-hop headers (RFC 9110 7.6.1)
+# and what the proxy sets itself (it asks for an unencoded body: it reads it).
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
+    "te", "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length",
+    "accept-encoding", "content-encoding",
+})  # fmt: skip
+
 # Where one event ends: a blank line, in any of the line endings SSE allows.
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 # An event longer than this without its end is not SSE: it is no longer read
@@ -42,6 +50,12 @@ class Usage:
     @property
     def tokens(self) -> int:
         return self.input_tokens + self.output_tokens
+
+
+def objects(value: Any) -> list[Json]:
+    """The JSON objects of a list (a body's messages, a message's blocks or
+    tool calls); anything else there is not ours to read."""
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
 def count(value: Any) -> int:

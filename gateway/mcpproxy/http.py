@@ -22,7 +22,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from gateway.llmproxy.wire import SseReader, digest
+from gateway.llmproxy.wire import HOP_BY_HOP, SseReader, digest
 from gateway.mcpproxy.calls import ToolCalls, dump, parse
 
 log = logging.getLogger("botbouncer.mcp_proxy")
@@ -30,11 +30,7 @@ log = logging.getLogger("botbouncer.mcp_proxy")
 MAX_BODY = 32 * 1024 * 1024
 MAX_SESSIONS = 10_000
 SESSION_HEADER = "Mcp-Session-Id"
-_HOP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-    "transfer-encoding", "upgrade", "host", "content-length", "accept-encoding",
-    "content-encoding",
-})  # fmt: skip
+_HOP = HOP_BY_HOP
 
 
 class HttpProxy:
