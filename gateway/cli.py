@@ -166,6 +166,19 @@ def _init(args: argparse.Namespace) -> int:
     return 0
 
 
+def mcp_defaults() -> Config:
+    """The MCP proxy's built-in settings: memory, the default profile without
+    its step ceilings. A client keeps its proxy (its session) for as long as
+    it runs, days for an editor; the ceilings are budgets for one agent run
+    (docs/mcp-proxy.md). The loop rules stay as they are."""
+    from gateway.fields import MAX_COUNT
+
+    steps = {"max_steps": MAX_COUNT, "max_per_tool": MAX_COUNT}
+    return Config.model_validate(
+        {"mcp_proxy": {}, "guard": {"profiles": {"default": {"steps": steps}}}}
+    )
+
+
 def _mcp_proxy(args: argparse.Namespace) -> int:
     from gateway.config.process import _split_listen
     from gateway.errors import StartupError
@@ -178,7 +191,7 @@ def _mcp_proxy(args: argparse.Namespace) -> int:
         return _fail("mcp-proxy: give the server to start (-- CMD ARGS...) or --upstream URL, "
                      "not both")  # fmt: skip
     try:
-        config = load_config(args.config) if args.config else Config.default()
+        config = load_config(args.config) if args.config else mcp_defaults()
     except ConfigError as exc:
         return _fail(f"{args.config}: invalid configuration\n{exc}")
     try:

@@ -120,12 +120,12 @@ class HttpProxy:
                 if rest:
                     await out.write(rest)
             await out.write_eof()
+        except ConnectionResetError:
+            pass  # the client went away (aiohttp's ClientConnectionResetError is one too)
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.warning("mcp proxy: the server broke off a stream: %s", type(exc).__name__)
             if request.transport is not None:
                 request.transport.abort()
-        except ConnectionResetError:
-            pass  # the client went away
         return out
 
 

@@ -109,7 +109,13 @@ async def run(
         while line := await from_child.readline():
             message = parse(line)
             instead = await calls.from_server(message) if message is not None else None
-            await out.write(dump(instead) + b"\n" if instead is not None else line)
+            try:
+                await out.write(dump(instead) + b"\n" if instead is not None else line)
+            except (ConnectionError, BrokenPipeError):
+                # The client closed its end: nothing can reach it any more;
+                # end as if it had closed stdin (the child gets its grace).
+                to_child.close()
+                return
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -124,10 +130,12 @@ async def run(
         )
         if stopping in done:
             _signal(child, signal.SIGTERM)
+            await _await_exit(child, (signal.SIGKILL,))
         elif client in done:
             client.result()
-            await _await_exit(child)
-        await server  # the child's last words reach the client
+            await _await_exit(child, (signal.SIGTERM, signal.SIGKILL))
+        with contextlib.suppress(ConnectionError):
+            await server  # the child's last words reach the client
         code = await child.wait()
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -140,15 +148,17 @@ async def run(
     return 128 - code if code < 0 else code
 
 
-async def _await_exit(child: asyncio.subprocess.Process) -> None:
-    """After its stdin closed: GRACE seconds, SIGTERM, GRACE again, SIGKILL."""
-    for then in (signal.SIGTERM, signal.SIGKILL):
+async def _await_exit(
+    child: asyncio.subprocess.Process, escalation: tuple[signal.Signals, ...]
+) -> None:
+    """GRACE seconds for the child to exit, then each signal in turn, GRACE apart."""
+    for then in escalation:
         try:
             await asyncio.wait_for(child.wait(), GRACE)
             return
         except TimeoutError:
-            log.warning("mcp proxy: the server did not exit %gs after its input closed; "
-                        "sending %s", GRACE, then.name)  # fmt: skip
+            log.warning("mcp proxy: the server did not exit within %gs; sending %s", GRACE,
+                        then.name)  # fmt: skip
             _signal(child, then)
     await child.wait()
 
