@@ -534,3 +534,23 @@ async def test_a_failing_store_forwards_unguarded(
     assert opened == 5  # every request but the first (which has nothing to feed)
     assert all(c.tool_choice is None for c in llm.calls)
     assert "forwarded unguarded" in caplog.text
+
+
+async def test_an_agent_that_leaves_mid_stream_is_not_the_upstreams_fault(
+    redis_url: str, key_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    parts = [chunk("Hel"), *[chunk("lo " * 2000) for _ in range(50)], b"data: [DONE]\n\n"]
+    async with FakeLLM() as llm:
+        llm.then(scripted(parts, pause=0.3))
+        async with proxy_daemon(llm, redis_url, key_prefix) as (d, url):
+            body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+            async with (
+                aiohttp.ClientSession() as http,
+                http.post(f"{url}/llm/openai/v1/chat/completions", json=body) as resp,
+            ):
+                await resp.content.readany()  # the first part, then gone
+            await asyncio.sleep(1.0)  # the upstream's rest meets a closed connection
+            left = d.metrics.llm_requests.labels("openai", "agent_left")._value.get()
+            broke = d.metrics.llm_requests.labels("openai", "upstream_broke")._value.get()
+    assert (left, broke) == (1, 0)
+    assert "upstream broke off" not in caplog.text

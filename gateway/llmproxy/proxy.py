@@ -403,6 +403,8 @@ class LlmProxy:
                 if rest:
                     await out.write(rest)
             await out.write_eof()
+        except ConnectionResetError:  # before ClientError: aiohttp's is both
+            self._count(dialect.name, "agent_left")  # the agent went away mid-answer
         except (aiohttp.ClientError, TimeoutError) as exc:
             # Mid-answer: the status is sent, so the agent learns of it by the
             # connection dropping before the answer's end.
@@ -411,8 +413,6 @@ class LlmProxy:
                         type(exc).__name__)  # fmt: skip
             if request.transport is not None:
                 request.transport.abort()  # not a clean end: aiohttp would end the chunks
-        except ConnectionResetError:
-            self._count(dialect.name, "agent_left")  # the agent went away mid-answer
         return out
 
     def _error(
