@@ -1,0 +1,444 @@
+"""The latency `botbouncer mcp-proxy` adds to one tool call over stdio, as an
+MCP client sees it: the official SDK's client (`stdio_client` +
+`ClientSession`, what users' clients run) calling a trivial tool
+(tests/mcp_servers/counter.py's `echo`) on
+
+- direct: the server itself, `python -m tests.mcp_servers.counter`;
+- memory: the same server behind `python -m gateway mcp-proxy -c <file> --
+  python -m tests.mcp_servers.counter`, the guard on the memory store (the
+  proxy's default);
+- redis: the same on a Redis store (a private redis-server when the binary is
+  there, else REDIS_URL, default db 14, the session's key deleted after).
+
+Every call is one the guard lets through unchanged: each has arguments of its
+own (`echo(text="<contestant>-<n>")`), and the profile is the default one with
+only its step ceilings raised (50 steps, 25 per tool, would block a long run):
+every detector runs on every call, none is exempted. Each answer is checked
+(not `isError`, exactly the text sent, no warning added), and at the end the
+same call is repeated on each session until the guard blocks it, to show the
+guard was on all along.
+
+All sessions are started and initialised before anything is timed, then
+WARMUP calls each. A round is CALLS sequential calls per contestant, in
+chunks of CHUNK that alternate the contestants (direct, ..., redis, then the
+reverse order), so a slow spell of the machine touches all of them; this
+process's garbage collector runs between chunks, not in them. Per round: p50
+and p99 per contestant and their ratios to direct; then the CPU each process
+spent per call (from /proc/<pid>/task/*/schedstat: this client, the server,
+the proxy, a private Redis). The verdict is the median over rounds of the p50
+ratio memory/direct (target <= 1.2).
+
+BENCH_FLOORS=1 adds two contestants that split the proxy's cost: the proxy's
+own stdio relay (gateway/mcpproxy/stdio.py, run by this file with
+`--relay`) passing every line untouched without parsing it (`relay`), and
+the same parsing every line with the SDK's types as the proxy does, still
+without the guard (`parse`).
+
+Knobs: BENCH_ROUNDS (5), BENCH_CALLS (500 per contestant per round),
+BENCH_CHUNK (50), BENCH_WARMUP (200), BENCH_STORES (memory,redis),
+BENCH_FLOORS (0), REDIS_URL (when no redis-server binary can be started).
+Last line: `p50_ratio=<x> p99_ratio=<x> redis_p50_ratio=<x> redis_p99_ratio=<x>`
+(memory's, then Redis's). Exit 0 when it measured (PASS or MISS), 2 when it
+could not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+from _redis import ROOT, delete_matching, redis_server_class
+
+sys.path.insert(0, str(ROOT))  # the repo root is not on sys.path for bench/
+
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp_types import CallToolResult, TextContent
+
+from tests.redis_server import answers
+
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
+CALLS = int(os.environ.get("BENCH_CALLS", "500"))
+CHUNK = int(os.environ.get("BENCH_CHUNK", "50"))
+WARMUP = int(os.environ.get("BENCH_WARMUP", "200"))
+STORES = [s for s in os.environ.get("BENCH_STORES", "memory,redis").split(",") if s]
+FLOORS = os.environ.get("BENCH_FLOORS", "0") not in ("", "0")
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/14"
+TARGET = 1.2  # p50 memory/direct, at most
+SERVER = [sys.executable, "-m", "tests.mcp_servers.counter"]
+PROXY = [sys.executable, "-m", "gateway", "mcp-proxy"]
+CALL_TIMEOUT = 30.0
+# The default profile, every detector on, only the step ceilings out of reach.
+PROFILE = (
+    "mcp_proxy: {profile: default}\n"
+    "guard: {profiles: {default: {steps: {max_steps: 1000000, max_per_tool: 1000000}}}}\n"
+)
+ROLES = ["client", "server", "proxy", "redis"]
+
+
+class Unmeasurable(Exception):
+    """Something the benchmark cannot measure around: exit 2."""
+
+
+@dataclass
+class Contestant:
+    name: str
+    params: StdioServerParameters
+    marker: str | None = None  # in the proxy's command line: which process is whose
+    guarded: bool = False
+    client: ClientSession | None = None
+    pids: dict[str, list[int]] = field(default_factory=dict)  # role -> pids
+    sent: int = 0
+
+
+@dataclass
+class Round:
+    samples: dict[str, list[float]] = field(default_factory=dict)  # name -> seconds per call
+    cpu: dict[str, dict[str, float]] = field(default_factory=dict)  # name -> role -> seconds
+
+
+def texts(result: CallToolResult) -> list[str]:
+    return [b.text for b in result.content if isinstance(b, TextContent)]
+
+
+def pctl(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+# --- the floors: the proxy's relay without the guard ------------------------
+
+
+class Untouched:
+    """In place of ToolCalls: every message is left alone."""
+
+    async def from_client(self, message: Any) -> None:
+        return None
+
+    async def from_server(self, message: Any) -> None:
+        return None
+
+
+def unread(raw: bytes | str) -> Any:
+    """In place of gateway/mcpproxy/calls.py's parse: no line is read."""
+    return None
+
+
+def relay_main(args: list[str]) -> int:
+    """`--relay relay|parse MARKER -- CMD...`: gateway/mcpproxy/stdio.py's relay
+    with no guard; `relay` does not even parse the lines."""
+    from gateway.mcpproxy import stdio
+
+    if args[0] == "relay":
+        stdio.parse = unread  # type: ignore[attr-defined]  # what stdio.run reads lines with
+    command = args[args.index("--") + 1 :]
+    return asyncio.run(stdio.run(command, cast(Any, Untouched())))
+
+
+# --- processes and their CPU ------------------------------------------------
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+    except OSError:
+        return []
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time of every thread of `pid` (ns resolution, unlike /proc/<pid>/stat)."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                total += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
+    return total / 1e9
+
+
+def find_pids(contestants: list[Contestant], redis_pid: int | None) -> None:
+    """Which process is whose: the direct server, each proxy and its server."""
+    mine = children(os.getpid())
+    for c in contestants:
+        if c.marker is None:
+            c.pids = {"server": [p for p in mine if cmdline(p)[: len(SERVER)] == SERVER]}
+        else:
+            proxies = [p for p in mine if c.marker in cmdline(p)]
+            c.pids = {"proxy": proxies, "server": [q for p in proxies for q in children(p)]}
+            if c.name == "redis" and redis_pid is not None:
+                c.pids["redis"] = [redis_pid]
+        if any(len(v) != 1 for v in c.pids.values()):
+            raise Unmeasurable(f"{c.name}: cannot tell its processes apart: {c.pids}")
+
+
+def snapshot(c: Contestant) -> dict[str, float]:
+    out = {role: sum(cpu_seconds(p) for p in pids) for role, pids in c.pids.items()}
+    out["client"] = time.process_time()
+    return out
+
+
+# --- the calls --------------------------------------------------------------
+
+
+async def call(c: Contestant) -> float:
+    """One timed call with a text never sent before; its answer checked."""
+    assert c.client is not None
+    text = f"{c.name}-{c.sent}"
+    c.sent += 1
+    started = time.perf_counter()
+    result = await c.client.call_tool("echo", {"text": text})
+    took = time.perf_counter() - started
+    if result.is_error or texts(result) != [text]:
+        raise Unmeasurable(
+            f"{c.name}: echo({text!r}) answered {texts(result)!r} "
+            f"(isError {result.is_error}): the guard stepped in"
+        )
+    return took
+
+
+async def chunk(c: Contestant, n: int, rnd: Round) -> None:
+    before = snapshot(c)
+    samples = rnd.samples.setdefault(c.name, [])
+    for _ in range(n):
+        samples.append(await call(c))
+    after = snapshot(c)
+    cpu = rnd.cpu.setdefault(c.name, {})
+    for role, value in after.items():
+        cpu[role] = cpu.get(role, 0.0) + value - before[role]
+
+
+async def one_round(contestants: list[Contestant], r: int) -> Round:
+    rnd = Round()
+    done = 0
+    k = r  # rounds start in alternate directions too
+    while done < CALLS:
+        n = min(CHUNK, CALLS - done)
+        gc.disable()
+        try:
+            for c in contestants if k % 2 == 0 else contestants[::-1]:
+                await chunk(c, n, rnd)
+        finally:
+            gc.enable()
+        gc.collect()
+        done += n
+        k += 1
+    return rnd
+
+
+async def blocked_after(c: Contestant, limit: int = 6) -> int | None:
+    """How many identical calls until one is blocked (None: none was)."""
+    assert c.client is not None
+    for i in range(1, limit + 1):
+        result = await c.client.call_tool("echo", {"text": "the same again"})
+        if result.is_error:
+            return i
+    return None
+
+
+# --- setup and report -------------------------------------------------------
+
+
+def proxied(name: str, config: Path) -> Contestant:
+    marker = f"bench-mcp-{name}-{uuid.uuid4().hex[:12]}"  # also its guard session
+    args = [*PROXY[1:], "-c", str(config), "--session", marker, "--", *SERVER]
+    params = StdioServerParameters(command=PROXY[0], args=args, cwd=ROOT)
+    return Contestant(name, params, marker, guarded=True)
+
+
+def floor(mode: str) -> Contestant:
+    marker = f"bench-mcp-{mode}-{uuid.uuid4().hex[:12]}"
+    args = [__file__, "--relay", mode, marker, "--", *SERVER]
+    return Contestant(
+        mode, StdioServerParameters(command=sys.executable, args=args, cwd=ROOT), marker
+    )
+
+
+def redis_url() -> tuple[str | None, Any, str]:
+    """(url, private server or None, what it is); url None: no Redis to use."""
+    if shutil.which("redis-server"):
+        try:
+            server = redis_server_class()().start()
+        except RuntimeError as exc:
+            return None, None, f"cannot start a private redis-server: {exc}"
+        return server.url, server, f"a private redis-server ({server.url})"
+    url = os.environ.get("REDIS_URL", DEFAULT_REDIS_URL)
+    rest = url.split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
+    host, _, port = rest.partition(":")
+    if not answers(host or "127.0.0.1", int(port or 6379)):
+        return None, None, f"no redis-server binary and nothing answers at {url}: skipped"
+    return url, None, f"REDIS_URL {url} (shared: Redis's CPU not counted)"
+
+
+def us(seconds: float) -> str:
+    return f"{seconds * 1e6:,.0f}"
+
+
+def report_round(r: int, rnd: Round, names: list[str]) -> dict[str, tuple[float, float]]:
+    """One round's line; each other contestant's (p50, p99) ratio to direct."""
+    stats = {n: (pctl(rnd.samples[n], 0.5), pctl(rnd.samples[n], 0.99)) for n in names}
+    base = stats["direct"]
+    ratios = {n: (stats[n][0] / base[0], stats[n][1] / base[1]) for n in names[1:]}
+    cells = [f"{us(stats[n][0]) + '/' + us(stats[n][1]):>14}" for n in names]
+    cells += [f"{ratios[n][0]:>8.2f}/{ratios[n][1]:<6.2f}" for n in names[1:]]
+    print(f"{r + 1:<6}" + "".join(cells), flush=True)
+    return ratios
+
+
+def report_cpu(rounds: list[Round], names: list[str]) -> None:
+    print("\nCPU per call, µs (median of the rounds; client: this process, the SDK's client)")
+    print(f"{'':<8}" + "".join(f"{role:>9}" for role in ROLES) + f"{'all':>9}")
+    for n in names:
+        row = ""
+        for role in ROLES:
+            per = [r.cpu[n][role] / CALLS for r in rounds if role in r.cpu[n]]
+            row += f"{us(statistics.median(per)):>9}" if per else f"{'-':>9}"
+        every = statistics.median(sum(r.cpu[n].values()) / CALLS for r in rounds)
+        print(f"{n:<8}{row}{us(every):>9}")
+
+
+def report(rounds: list[Round], names: list[str], guarded: list[str]) -> str:
+    """The medians over rounds, the verdicts; the last line."""
+    print(
+        f"\n{'':<8}{'p50 µs':>8}{'+µs':>7}{'p50 ratio':>11}{'range':>12}"
+        f"{'p99 ratio':>11}{'range':>12}"
+    )
+    last = []
+    for n in names:
+        p50s = [pctl(r.samples[n], 0.5) for r in rounds]
+        line = f"{n:<8}{us(statistics.median(p50s)):>8}"
+        if n == "direct":
+            print(line)
+            continue
+        base = [pctl(r.samples["direct"], 0.5) for r in rounds]
+        added = statistics.median(a - b for a, b in zip(p50s, base, strict=True))
+        r50 = [pctl(r.samples[n], 0.5) / pctl(r.samples["direct"], 0.5) for r in rounds]
+        r99 = [pctl(r.samples[n], 0.99) / pctl(r.samples["direct"], 0.99) for r in rounds]
+        p50, p99 = statistics.median(r50), statistics.median(r99)
+        line += f"{us(added):>7}{p50:>11.2f}{f'{min(r50):.2f}-{max(r50):.2f}':>12}"
+        line += f"{p99:>11.2f}{f'{min(r99):.2f}-{max(r99):.2f}':>12}"
+        if n in guarded:
+            verdict = "PASS" if p50 <= TARGET else "MISS"
+            line += f"   p50 <= {TARGET:g}: {verdict}"
+            prefix = "" if n == "memory" else f"{n}_"
+            last.append(f"{prefix}p50_ratio={p50:.2f} {prefix}p99_ratio={p99:.2f}")
+        print(line)
+    return " ".join(last)
+
+
+async def run(contestants: list[Contestant], redis_pid: int | None) -> str:
+    """Start every session, measure, report; the last line."""
+    names = [c.name for c in contestants]
+    guarded = [c.name for c in contestants if c.guarded]
+    if not guarded:
+        raise Unmeasurable("no proxy to measure (BENCH_STORES: memory, redis)")
+    async with contextlib.AsyncExitStack() as stack:
+        for c in contestants:
+            read, write = await stack.enter_async_context(stdio_client(c.params))
+            c.client = await stack.enter_async_context(
+                ClientSession(read, write, read_timeout_seconds=CALL_TIMEOUT)
+            )
+            await c.client.initialize()
+        find_pids(contestants, redis_pid)
+        for c in contestants:
+            for _ in range(WARMUP):
+                await call(c)
+        print(
+            f"{len(contestants)} sessions initialised, {WARMUP} warm-up calls each; "
+            f"{ROUNDS} rounds of {CALLS} calls each, in alternating chunks of {CHUNK}\n"
+            "p50/p99 µs per call, then the ratios to direct"
+        )
+        head = "".join(f"{n:>14}" for n in names)
+        head += "".join(f"  {n + '/direct':<13}" for n in names[1:])
+        print(f"{'round':<6}{head}")
+        rounds = []
+        for r in range(ROUNDS):
+            rounds.append(await one_round(contestants, r))
+            report_round(r, rounds[-1], names)
+        report_cpu(rounds, names)
+        blocked = {c.name: await blocked_after(c) for c in contestants}
+    print(
+        "\nthe same echo() again and again, blocked at call: "
+        + ", ".join(f"{n} {b or 'never'}" for n, b in blocked.items())
+    )
+    if any(blocked[n] is None for n in guarded):
+        raise Unmeasurable("a proxy never blocked a repeated call: its guard was not measured")
+    return report(rounds, names, guarded)
+
+
+async def measure() -> str:
+    workdir = Path(tempfile.mkdtemp(prefix="bb-bench-mcp-"))
+    server = None
+    url = None
+    direct = StdioServerParameters(command=SERVER[0], args=SERVER[1:], cwd=ROOT)
+    contestants = [Contestant("direct", direct)]
+    try:
+        if FLOORS:
+            contestants += [floor("relay"), floor("parse")]
+        if "memory" in STORES:
+            config = workdir / "memory.yml"
+            config.write_text("store: {url: 'memory://'}\n" + PROFILE, encoding="utf-8")
+            contestants.append(proxied("memory", config))
+        if "redis" in STORES:
+            url, server, what = redis_url()
+            print(f"redis: {what}")
+            if url is not None:
+                config = workdir / "redis.yml"
+                config.write_text(f"store: {{url: '{url}'}}\n" + PROFILE, encoding="utf-8")
+                contestants.append(proxied("redis", config))
+        return await run(contestants, server.proc.pid if server is not None else None)
+    finally:
+        if url is not None and server is None:
+            keys = [f"*{{{c.marker}}}*" for c in contestants if c.name == "redis"]
+            await delete_matching(url, *keys)
+        if server is not None:
+            server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["--relay"]:
+        return relay_main(sys.argv[2:])
+    started = time.perf_counter()
+    try:
+        last = asyncio.run(measure())
+    except Unmeasurable as exc:
+        print(f"mcp_proxy: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a session broke: the SDK raises it in task groups
+        leaves: tuple[BaseException, ...] = (exc,)
+        while any(isinstance(e, BaseExceptionGroup) for e in leaves):
+            leaves = tuple(x for e in leaves for x in getattr(e, "exceptions", (e,)))
+        for e in leaves:
+            print(f"mcp_proxy: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    print(f"({time.perf_counter() - started:.1f} s)")
+    print(last)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
