@@ -26,6 +26,7 @@ logged (an agent is never stopped by the guard's own trouble).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from dataclasses import dataclass
@@ -64,6 +65,9 @@ class TooLarge(BotbouncerError):
 class Verdict:
     answer: Answer | None  # the decisive guard answer, None when nothing was checked
     action: str  # forwarded | noted | tools_disabled | stopped | budget_exhausted | fail_open
+    # The events fed, being saved while the request goes on (awaited before
+    # the answer ends: the session's next request finds them saved).
+    saving: asyncio.Task[None] | None = None
 
 
 def _worst(answers: list[Answer]) -> Answer | None:
@@ -195,6 +199,29 @@ class LlmProxy:
             verdict = Verdict(None, "fail_open")
         except BotbouncerError as exc:  # a session under another profile: 409
             return self._error(dialect, exc.status, exc.public(), "guard_conflict")
+        try:
+            return await self._decided(request, api, dialect, tail, raw, body, session,
+                                       credential, verdict)  # fmt: skip
+        finally:
+            if verdict.saving is not None:
+                try:
+                    await verdict.saving
+                except BotbouncerError as exc:
+                    log.warning("llm proxy: session %s: the events fed were not saved (%s); "
+                                "they may be fed again", session, exc)  # fmt: skip
+
+    async def _decided(
+        self,
+        request: web.Request,
+        api: ApiConfig,
+        dialect: Dialect,
+        tail: str,
+        raw: bytes,
+        body: Json,
+        session: str | None,
+        credential: str,
+        verdict: Verdict,
+    ) -> web.StreamResponse:
         self._count(dialect.name, verdict.action)
         headers = {}
         if session is not None:
@@ -234,6 +261,7 @@ class LlmProxy:
         profile = self.config.profile
         events = dialect.tool_events(body)
         answers: list[Answer] = []
+        saving = None
         if events:
             new = await self.seen.new(session, events)
             for event in new:
@@ -244,18 +272,20 @@ class LlmProxy:
                 if answer.decision == "block":
                     break
             if new:
-                await self.seen.remember(session, events)
+                saving = asyncio.create_task(self.seen.remember(session, events))
         if not answers:  # nothing new to feed: is the budget spent?
             answers.append(await self.guard.usage(session, self._usage(0, 0), profile))
             self.metrics.guard_checks.labels(answers[-1].decision, answers[-1].reason).inc()
         a = _worst(answers)
         if a is None or a.decision == "allow":
-            return Verdict(a, "forwarded")
-        if a.decision == "warn":
-            return Verdict(a, "noted" if self.config.warn_note else "forwarded")
-        if a.reason == "budget_exhausted":
-            return Verdict(a, "budget_exhausted")
-        return Verdict(a, "tools_disabled" if self.config.block_mode == "answer" else "stopped")
+            action = "forwarded"
+        elif a.decision == "warn":
+            action = "noted" if self.config.warn_note else "forwarded"
+        elif a.reason == "budget_exhausted":
+            action = "budget_exhausted"
+        else:
+            action = "tools_disabled" if self.config.block_mode == "answer" else "stopped"
+        return Verdict(a, action, saving)
 
     async def _feed(self, session: str, event: ToolEvent, profile: str) -> Answer | None:
         """The guard's answer, or None for an event it cannot take (a tool name
