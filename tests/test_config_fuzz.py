@@ -155,6 +155,8 @@ def shape_of(annotation: Any) -> Shape:
         inner = next(a for a in args if a is not type(None))
         if _is_union(inner) and all(_is_model(_strip(a)) for a in get_args(inner)):
             return shape_of(inner)
+        if _is_model(inner):  # an optional section (llm_proxy, mcp_proxy)
+            return Shape("model", model=inner)
     if _is_union(tp) and args and all(_is_model(a) for a in args):
         return Shape("union", models=tuple(args))
     if origin in (list, tuple) and args and _is_model(args[0]):
@@ -399,6 +401,19 @@ def base_config() -> dict[str, Any]:
             "profiles": {"default": profile, "strict": {"steps": {"max_steps": 10}}},
         },
         "defaults": defaults,
+        "llm_proxy": {
+            "openai": {"upstream": "http://127.0.0.1:9", "api_key": "sk-x"},
+            "anthropic": {"path": "/llm/claude"},
+            "block_mode": "stop",
+            "budget": {"usd": 1.5, "tokens": 100000},
+            "prices": {"gpt-4o-mini": {"input": 0.15, "output": 0.6}},
+            "timeouts": {"connect_seconds": 5},
+        },
+        "mcp_proxy": {"profile": "strict", "warn_note": False},
+        "alerts": [
+            {"type": "slack", "url": "https://hooks.example.invalid/x", "events": ["guard_block"]},
+            {"type": "webhook", "url": "http://127.0.0.1:9/a", "headers": {"X-Key": "k"}},
+        ],
         "bots": [
             {
                 "name": "web",
