@@ -27,35 +27,28 @@ from tests.llm_proxy import (
     proxy_daemon,
 )
 
+NONE = {"openai": "none", "anthropic": {"type": "none"}}  # tool_choice, as each API spells it
+
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-async def test_openai_loop_ends_with_an_answer(
-    redis_url: str, key_prefix: str, stream: bool
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+async def test_the_sdks_tool_loop_ends_with_an_answer(
+    redis_url: str, key_prefix: str, api: str, stream: bool
 ) -> None:
     async with FakeLLM() as llm:
         llm.default = repeat_tool_call("get_weather", {"city": "Brest"}, otherwise="Grey, 11 C.")
         async with proxy_daemon(llm, redis_url, key_prefix) as (_, url):
-            client = openai_client(f"{url}/llm/openai/v1")
-            answer, ran = await openai_agent(client, "Weather in Brest?", stream=stream)
+            if api == "openai":
+                client = openai_client(f"{url}/llm/openai/v1")
+                answer, ran = await openai_agent(client, "Weather in Brest?", stream=stream)
+            else:
+                aclient = anthropic_client(f"{url}/llm/anthropic")
+                answer, ran = await anthropic_agent(aclient, "Weather in Brest?", stream=stream)
     assert answer == "Grey, 11 C."
     assert ran == 4
     assert llm.count == 5
-    assert llm.calls[-1].body["tool_choice"] == "none"
-    assert all("tool_choice" not in c.body for c in llm.calls[:-1])
-
-
-@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-async def test_anthropic_loop_ends_with_an_answer(
-    redis_url: str, key_prefix: str, stream: bool
-) -> None:
-    async with FakeLLM() as llm:
-        llm.default = repeat_tool_call("get_weather", {"city": "Brest"}, otherwise="Grey, 11 C.")
-        async with proxy_daemon(llm, redis_url, key_prefix) as (_, url):
-            client = anthropic_client(f"{url}/llm/anthropic")
-            answer, ran = await anthropic_agent(client, "Weather in Brest?", stream=stream)
-    assert answer == "Grey, 11 C."
-    assert ran == 4
-    assert llm.calls[-1].body["tool_choice"] == {"type": "none"}
+    assert llm.calls[-1].body["tool_choice"] == NONE[api]  # tools disabled on the last call
+    assert all("tool_choice" not in c.body for c in llm.calls[:-1])  # and on no other
 
 
 # -- what the guard's decisions do to the request ---------------------------------

@@ -18,23 +18,14 @@ from gateway.llmproxy.wire import (
     ToolEvent,
     count,
     key_of,
+    messages,
     objects,
     text_of,
 )
 
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    409: "invalid_request_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    502: "api_error",
-    503: "api_error",
-    504: "api_error",
-}
-
-
-def _messages(body: Json) -> list[Json]:
-    return objects(body.get("messages"))
+# The error `type` of a status, beside the API's own fallbacks (api_error for
+# 5xx, invalid_request_error for the rest).
+_ERROR_TYPES = {413: "request_too_large", 429: "rate_limit_error"}
 
 
 def _blocks(message: Json) -> list[Json]:
@@ -115,7 +106,7 @@ class Anthropic(Dialect):
     def tool_events(self, body: Json) -> list[ToolEvent]:
         events: list[ToolEvent] = []
         names: dict[str, str] = {}
-        for i, m in enumerate(_messages(body)):
+        for i, m in enumerate(messages(body)):
             role = m.get("role")
             for j, b in enumerate(_blocks(m)):
                 kind = b.get("type")
@@ -142,14 +133,14 @@ class Anthropic(Dialect):
 
     def opening(self, body: Json) -> Any:
         opening: list[Any] = [["system", body.get("system")]]
-        for m in _messages(body):
+        for m in messages(body):
             if m.get("role") == "assistant":
                 break
             opening.append([m.get("role"), m.get("content")])
         return opening
 
     def anchor(self, body: Json) -> str | None:
-        for m in _messages(body):
+        for m in messages(body):
             if m.get("role") == "assistant":
                 anchor = Anchor()
                 content = m.get("content")

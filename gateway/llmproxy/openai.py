@@ -20,24 +20,15 @@ from gateway.llmproxy.wire import (
     ToolEvent,
     count,
     key_of,
+    messages,
     objects,
     parse_arguments,
     text_of,
 )
 
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    409: "invalid_request_error",
-    413: "invalid_request_error",
-    429: "insufficient_quota",
-    502: "server_error",
-    503: "server_error",
-    504: "server_error",
-}
-
-
-def _messages(body: Json) -> list[Json]:
-    return objects(body.get("messages"))
+# The error `type` of a status, beside the API's own fallbacks (server_error
+# for 5xx, invalid_request_error for the rest).
+_ERROR_TYPES = {429: "insufficient_quota"}
 
 
 def _calls(message: Json) -> list[Json]:
@@ -141,7 +132,7 @@ class OpenAI(Dialect):
     def tool_events(self, body: Json) -> list[ToolEvent]:
         events: list[ToolEvent] = []
         names: dict[str, str] = {}
-        for i, m in enumerate(_messages(body)):
+        for i, m in enumerate(messages(body)):
             role = m.get("role")
             if role == "assistant":
                 for j, call in enumerate(_calls(m)):
@@ -167,21 +158,21 @@ class OpenAI(Dialect):
 
     def opening(self, body: Json) -> Any:
         opening = []
-        for m in _messages(body):
+        for m in messages(body):
             if m.get("role") == "assistant":
                 break
             opening.append([m.get("role"), m.get("content")])
         return opening
 
     def anchor(self, body: Json) -> str | None:
-        for m in _messages(body):
+        for m in messages(body):
             if m.get("role") == "assistant":
                 return _anchor_message(m)
         return None
 
     def with_note(self, body: Json, note: str, disable_tools: bool) -> Json:
         out = dict(body)
-        out["messages"] = [*_messages(body), {"role": "system", "content": note}]
+        out["messages"] = [*messages(body), {"role": "system", "content": note}]
         if disable_tools:
             if "tools" in body:
                 out["tool_choice"] = "none"

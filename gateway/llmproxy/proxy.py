@@ -188,11 +188,10 @@ class LlmProxy:
             session = sessions.given(request.headers.get(sessions.HEADER))
         except ValueError as exc:
             return self._error(dialect, 400, str(exc), "invalid_session")
-        named = session is not None
         if session is None:
             session = sessions.fingerprint(dialect, body, credential, dialect.anchor(body))
         try:
-            verdict = await self._check(session, dialect, body, named)
+            verdict = await self._check(session, dialect, body)
         except StoreError as exc:
             log.warning("llm proxy: the guard's store failed (%s); %s request forwarded "
                         "unguarded", exc, dialect.name)  # fmt: skip
@@ -200,8 +199,36 @@ class LlmProxy:
         except BotbouncerError as exc:  # a session under another profile: 409
             return self._error(dialect, exc.status, exc.public(), "guard_conflict")
         try:
-            return await self._decided(request, api, dialect, tail, raw, body, session,
-                                       credential, verdict)  # fmt: skip
+            self._count(dialect.name, verdict.action)
+            headers = {}
+            if session is not None:
+                headers[sessions.HEADER] = session
+            a = verdict.answer
+            if a is not None and a.decision != "allow":
+                headers[GUARD_HEADER] = f"{a.decision} {a.reason}"
+                log.info("llm proxy %s session=%s %s %s: %s", dialect.name, session, a.decision,
+                         a.reason, verdict.action)  # fmt: skip
+            if verdict.action == "budget_exhausted" and a is not None:
+                headers["x-should-retry"] = "false"  # the SDKs' own retries would ask again
+                return self._error(dialect, 429, a.message, "budget_exhausted", headers)
+            if verdict.action == "stopped" and a is not None:
+                text, kind = dialect.final_answer(body, f"[{NOTE}{a.reason}] {a.message}")
+                return web.Response(body=text, content_type=kind, headers=headers)
+            send: Json | None = None
+            if verdict.action in ("noted", "tools_disabled") and a is not None:
+                off = verdict.action == "tools_disabled"
+                send = dialect.with_note(body, NOTE + a.message + (TOOLS_OFF if off else ""), off)
+            prepared = dialect.prepare(send if send is not None else body)
+            if prepared is not None:
+                send = prepared
+            data = raw if send is None else json.dumps(send).encode()
+            tap = dialect.stream_tap(body) if dialect.streams(body) else WholeTap(dialect)
+            done = await self._forward(request, api, dialect, tail, data, tap, headers)
+            if 200 <= done.status < 300:
+                if session is None:
+                    session = sessions.fingerprint(dialect, body, credential, tap.anchor)
+                await self._account(session, dialect, body, tap.usage)
+            return done
         finally:
             if verdict.saving is not None:
                 try:
@@ -210,52 +237,7 @@ class LlmProxy:
                     log.warning("llm proxy: session %s: the events fed were not saved (%s); "
                                 "they may be fed again", session, exc)  # fmt: skip
 
-    async def _decided(
-        self,
-        request: web.Request,
-        api: ApiConfig,
-        dialect: Dialect,
-        tail: str,
-        raw: bytes,
-        body: Json,
-        session: str | None,
-        credential: str,
-        verdict: Verdict,
-    ) -> web.StreamResponse:
-        self._count(dialect.name, verdict.action)
-        headers = {}
-        if session is not None:
-            headers[sessions.HEADER] = session
-        a = verdict.answer
-        if a is not None and a.decision != "allow":
-            headers[GUARD_HEADER] = f"{a.decision} {a.reason}"
-            log.info("llm proxy %s session=%s %s %s: %s", dialect.name, session, a.decision,
-                     a.reason, verdict.action)  # fmt: skip
-        if verdict.action == "budget_exhausted" and a is not None:
-            headers["x-should-retry"] = "false"  # the SDKs' own retries would ask again
-            return self._error(dialect, 429, a.message, "budget_exhausted", headers)
-        if verdict.action == "stopped" and a is not None:
-            text, kind = dialect.final_answer(body, f"[{NOTE}{a.reason}] {a.message}")
-            return web.Response(body=text, content_type=kind, headers=headers)
-        send: Json | None = None
-        if verdict.action in ("noted", "tools_disabled") and a is not None:
-            off = verdict.action == "tools_disabled"
-            send = dialect.with_note(body, NOTE + a.message + (TOOLS_OFF if off else ""), off)
-        prepared = dialect.prepare(send if send is not None else body)
-        if prepared is not None:
-            send = prepared
-        data = raw if send is None else json.dumps(send).encode()
-        tap = dialect.stream_tap(body) if dialect.streams(body) else WholeTap(dialect)
-        done = await self._forward(request, api, dialect, tail, data, tap, headers)
-        if 200 <= done.status < 300:
-            if session is None:
-                session = sessions.fingerprint(dialect, body, credential, tap.anchor)
-            await self._account(session, dialect, body, tap.usage)
-        return done
-
-    async def _check(
-        self, session: str | None, dialect: Dialect, body: Json, named: bool
-    ) -> Verdict:
+    async def _check(self, session: str | None, dialect: Dialect, body: Json) -> Verdict:
         if session is None:
             return Verdict(None, "forwarded")  # a conversation's first request
         profile = self.config.profile

@@ -58,6 +58,11 @@ def objects(value: Any) -> list[Json]:
     return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
+def messages(body: Json) -> list[Json]:
+    """A request body's messages (both APIs call them so)."""
+    return objects(body.get("messages"))
+
+
 def count(value: Any) -> int:
     """A token count from an answer: a whole non-negative number, else 0."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
