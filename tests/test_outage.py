@@ -11,7 +11,8 @@ import itertools
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import replace
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
@@ -328,52 +329,69 @@ async def health(http: aiohttp.ClientSession, url: str) -> tuple[str, float]:
     return status, gauge.samples[0].value
 
 
-@pytest.mark.slow
-async def test_redis_killed_mid_traffic_then_restarted(redis: RedisServer) -> None:
-    ping = build(redis.url, "bb", http_bot("ping"))
-    pong = build(redis.url, "bb", http_bot("pong"))
+@dataclass
+class PingPong:
+    """Two daemons, `ping` and `pong`, on one store, people's traffic to ping
+    running all the while (the outage and Sentinel tests)."""
+
+    daemons: tuple[Daemon, Daemon]
+    urls: dict[str, str]
+    http: aiohttp.ClientSession
+    traffic: Traffic
+
+    async def post(self, bot: str, body: dict[str, Any]) -> dict[str, Any]:
+        async with self.http.post(f"{self.urls[bot]}/v1/bots/{bot}/messages", json=body) as r:
+            assert r.status == 200, await r.text()
+            out: dict[str, Any] = await r.json()
+            return out
+
+
+@asynccontextmanager
+async def ping_and_pong(url: str, **policy: Any) -> AsyncIterator[PingPong]:
+    ping = build(url, "bb", http_bot("ping") | policy)
+    pong = build(url, "bb", http_bot("pong") | policy)
     for d in (ping, pong):
         assert isinstance(d.store, FailoverStore)
         d.store.timeout = 0.3
     urls = {"ping": await ping.start(), "pong": await pong.start()}
     async with aiohttp.ClientSession() as http:
-
-        async def post(bot: str, body: dict[str, Any]) -> dict[str, Any]:
-            async with http.post(f"{urls[bot]}/v1/bots/{bot}/messages", json=body) as r:
-                assert r.status == 200, await r.text()
-                out: dict[str, Any] = await r.json()
-                return out
-
         traffic = Traffic(http, urls["ping"])
         try:
-            before = await pingpong(post, "loop-before", "ping", "pong")
-            assert len(before.replies) == SOFT and len(before.warnings) == 1
-
-            redis.kill()
-            traffic.phase = "outage"
-            during = await pingpong(post, "loop-during", "ping", "pong")
-            # local state, one per replica, still stops the loop where Redis would
-            assert len(during.replies) == SOFT and len(during.warnings) == 1
-            assert (during.last["action"], during.last["reason"]) == ("drop", "turn_throttled")
-            for url in urls.values():
-                assert await health(http, url) == ("degraded", 1.0)
-
-            redis.start()
-            traffic.phase = "after"
-            t0 = time.perf_counter()
-            for d in (ping, pong):
-                assert isinstance(d.store, FailoverStore)
-                await asyncio.wait_for(d.store.wait_recovered(), 5)
-            back = time.perf_counter() - t0
-            for url in urls.values():
-                assert await health(http, url) == ("ok", 0.0)
-            after = await pingpong(post, "loop-after", "ping", "pong")
-            assert len(after.replies) == SOFT
-            assert await on_redis(redis, "http:loop-after") == SOFT + 1  # on Redis again
+            yield PingPong((ping, pong), urls, http, traffic)
         finally:
             await traffic.stop()
             await ping.stop()
             await pong.stop()
+
+
+@pytest.mark.slow
+async def test_redis_killed_mid_traffic_then_restarted(redis: RedisServer) -> None:
+    async with ping_and_pong(redis.url) as pp:
+        post, http, urls, traffic = pp.post, pp.http, pp.urls, pp.traffic
+        before = await pingpong(post, "loop-before", "ping", "pong")
+        assert len(before.replies) == SOFT and len(before.warnings) == 1
+
+        redis.kill()
+        traffic.phase = "outage"
+        during = await pingpong(post, "loop-during", "ping", "pong")
+        # local state, one per replica, still stops the loop where Redis would
+        assert len(during.replies) == SOFT and len(during.warnings) == 1
+        assert (during.last["action"], during.last["reason"]) == ("drop", "turn_throttled")
+        for url in urls.values():
+            assert await health(http, url) == ("degraded", 1.0)
+
+        redis.start()
+        traffic.phase = "after"
+        t0 = time.perf_counter()
+        for d in pp.daemons:
+            assert isinstance(d.store, FailoverStore)
+            await asyncio.wait_for(d.store.wait_recovered(), 5)
+        back = time.perf_counter() - t0
+        for url in urls.values():
+            assert await health(http, url) == ("ok", 0.0)
+        after = await pingpong(post, "loop-after", "ping", "pong")
+        assert len(after.replies) == SOFT
+        assert await on_redis(redis, "http:loop-after") == SOFT + 1  # on Redis again
 
     assert back < 5
     outage = traffic.during("outage")

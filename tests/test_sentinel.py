@@ -9,16 +9,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from typing import Any
 
-import aiohttp
 import pytest
 
 from gateway.store import open_store
 from gateway.store.failover import FailoverStore
-from tests.daemons import build, pingpong
+from tests.daemons import pingpong
 from tests.redis_sentinel import SentinelSetup
-from tests.test_outage import ADDED_LATENCY, SOFT, Traffic, bot_turn, health, http_bot
+from tests.test_outage import ADDED_LATENCY, SOFT, bot_turn, health, ping_and_pong
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
@@ -60,44 +58,26 @@ async def test_two_daemons_follow_a_failover_and_every_loop_still_stops(
     # than in the outage tests (a promotion takes seconds): past the default
     # cap of 1,000 replies a window, which is not what this test is about.
     uncapped = {"rate_cap": {"max_replies": 1_000_000}}
-    ping = build(sentinel.url, "bb", http_bot("ping") | uncapped)
-    pong = build(sentinel.url, "bb", http_bot("pong") | uncapped)
-    for d in (ping, pong):
-        assert isinstance(d.store, FailoverStore)
-        d.store.timeout = 0.3
-    urls = {"ping": await ping.start(), "pong": await pong.start()}
-    async with aiohttp.ClientSession() as http:
+    async with ping_and_pong(sentinel.url, **uncapped) as pp:
+        post, http, urls, traffic = pp.post, pp.http, pp.urls, pp.traffic
+        before = await pingpong(post, "loop-before", "ping", "pong")
+        assert len(before.replies) == SOFT and len(before.warnings) == 1
 
-        async def post(bot: str, body: dict[str, Any]) -> dict[str, Any]:
-            async with http.post(f"{urls[bot]}/v1/bots/{bot}/messages", json=body) as r:
-                assert r.status == 200, await r.text()
-                out: dict[str, Any] = await r.json()
-                return out
-
-        traffic = Traffic(http, urls["ping"])
-        try:
-            before = await pingpong(post, "loop-before", "ping", "pong")
-            assert len(before.replies) == SOFT and len(before.warnings) == 1
-
-            sentinel.kill_master()
-            traffic.phase = "failover"
-            during = await pingpong(post, "loop-during", "ping", "pong")
-            assert len(during.replies) == SOFT and len(during.warnings) == 1
-            await asyncio.to_thread(sentinel.wait_failover)  # traffic goes on meanwhile
-            t0 = time.perf_counter()
-            for d in (ping, pong):
-                assert isinstance(d.store, FailoverStore)
-                await asyncio.wait_for(d.store.wait_recovered(), FOLLOWED_WITHIN)
-            followed = time.perf_counter() - t0
-            traffic.phase = "after"
-            for url in urls.values():
-                assert await health(http, url) == ("ok", 0.0)
-            after = await pingpong(post, "loop-after", "ping", "pong")
-            assert len(after.replies) == SOFT and len(after.warnings) == 1
-        finally:
-            await traffic.stop()
-            await ping.stop()
-            await pong.stop()
+        sentinel.kill_master()
+        traffic.phase = "failover"
+        during = await pingpong(post, "loop-during", "ping", "pong")
+        assert len(during.replies) == SOFT and len(during.warnings) == 1
+        await asyncio.to_thread(sentinel.wait_failover)  # traffic goes on meanwhile
+        t0 = time.perf_counter()
+        for d in pp.daemons:
+            assert isinstance(d.store, FailoverStore)
+            await asyncio.wait_for(d.store.wait_recovered(), FOLLOWED_WITHIN)
+        followed = time.perf_counter() - t0
+        traffic.phase = "after"
+        for url in urls.values():
+            assert await health(http, url) == ("ok", 0.0)
+        after = await pingpong(post, "loop-after", "ping", "pong")
+        assert len(after.replies) == SOFT and len(after.warnings) == 1
 
     print(
         f"the daemons were back on Redis {followed:.2f} s after the promotion; "
