@@ -81,6 +81,25 @@ def anthropic_client(base_url: str, **kw: Any) -> anthropic.AsyncAnthropic:
     return anthropic.AsyncAnthropic(base_url=base_url, api_key="sk-ant-test-key", **kw)
 
 
+async def refused_by_both(url: str) -> tuple[openai.APIStatusError, anthropic.APIStatusError]:
+    """The error each SDK raises for a plain "hi" through the daemon at `url`."""
+    try:
+        await openai_client(f"{url}/llm/openai/v1").chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}]
+        )
+    except openai.APIStatusError as exc:
+        o = exc
+    else:
+        raise AssertionError("the OpenAI request was answered")
+    try:
+        await anthropic_client(f"{url}/llm/anthropic").messages.create(
+            model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}]
+        )
+    except anthropic.APIStatusError as exc:
+        return o, exc
+    raise AssertionError("the Anthropic request was answered")
+
+
 def weather(city: str) -> str:
     return json.dumps({"city": city, "sky": "grey", "celsius": 11})
 
