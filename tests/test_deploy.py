@@ -866,7 +866,7 @@ async def test_the_container_config_serves_reloads_and_drains(
 ) -> None:
     """The daemon on deploy/botbouncer.yml under W^X (where the kernel has
     it): healthy by the image's own check, deciding (the guard on Redis, or
-    in this process through lupa's Lua 5.1 for memory://), reloaded by SIGHUP
+    in this process through lupa's LuaJIT interpreter for memory://), reloaded by SIGHUP
     as ExecReload sends it, and exiting 0 on SIGTERM as the unit and docker
     stop expect."""
     tag = f"deploy-{uuid.uuid4().hex[:12]}"
@@ -889,6 +889,12 @@ async def test_the_container_config_serves_reloads_and_drains(
                     async with http.post(f"{url}/v1/guard/{tag}/step", json=step) as r:
                         answers.append((await r.json())["decision"])
                 assert answers == ["allow", "warn", "block"]
+                # Enough checks to make the script's loops hot: were LuaJIT's
+                # compiler on in this process, W^X would abort it here.
+                for i in range(120):
+                    step = {"tool": f"t{i % 7}", "args": {"q": f"q{i}"}}
+                    async with http.post(f"{url}/v1/guard/{tag}-hot/step", json=step) as r:
+                        assert r.status in (200, 429), await r.text()  # 429: a block
             proc.send_signal(signal.SIGHUP)
             for _ in range(100):
                 if "reloaded" in logged(log):

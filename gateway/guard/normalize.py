@@ -9,6 +9,7 @@ json_body), so no input can exhaust Python's stack."""
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import heapq
 import json
@@ -172,6 +173,13 @@ def _key(name: str) -> str:
     return name.lower().replace("_", "").replace("-", "")
 
 
+@functools.lru_cache(maxsize=64)
+def _keys(names: tuple[str, ...]) -> frozenset[str]:
+    """A profile's key list as _key forms: made once per list, not per call
+    (a profile's lists change only when the configuration is reloaded)."""
+    return frozenset(_key(k) for k in names)
+
+
 def volatile_text(text: str, keys: frozenset[str]) -> str:
     """`text` with its clock times, durations and UUIDs masked, and the value
     of every `key=value` / `key: value` whose key is volatile."""
@@ -188,7 +196,7 @@ def steady(output: Any, volatile_keys: tuple[str, ...] = VOLATILE_KEYS) -> Any:
     """`output` without what changes on every run of the same call: volatile
     keys dropped from objects at any depth (also from a string holding a JSON
     object or array), and volatile text masked. Iterative, like words()."""
-    keys = frozenset(_key(k) for k in volatile_keys)
+    keys = _keys(volatile_keys)
 
     def clean_text(text: str) -> Any:
         stripped = text.strip()
@@ -253,7 +261,7 @@ def target(args: Any, target_keys: tuple[str, ...] = TARGET_KEYS) -> str:
     or "" when it has none."""
     if not isinstance(args, dict):
         return ""
-    keys = frozenset(_key(k) for k in target_keys)
+    keys = _keys(target_keys)
     found = {k: v for k, v in args.items() if _key(str(k)) in keys}
     return digest(canonical(found)) if found else ""
 

@@ -286,9 +286,7 @@ class Guard:
         check_session(session)
         name, _ = self.profile(profile)
         now_ms = None if self.clock is None else round(self.clock() * 1000)
-        raw = await self.engine.run(
-            session, op, self._limits[name], json.dumps(payload), name, now_ms
-        )
+        raw = await self.engine.run(session, op, self._limits[name], payload, name, now_ms)
         decision, reason, evidence, meta, also = raw
         ev = json.loads(evidence)
         if decision == "error":
@@ -386,13 +384,13 @@ class Guard:
     async def state(self, session: str) -> dict[str, Any] | None:
         """The session as a person reads it (`view`), or None when there is none."""
         check_session(session)
-        raw = await self.engine.run(session, "state", "{}", "{}", "", None)
+        raw = await self.engine.run(session, "state", "{}", {}, "", None)
         state = json.loads(raw[2])
         return view(state) if state else None
 
     async def reset(self, session: str) -> None:
         check_session(session)
-        await self.engine.run(session, "reset", "{}", "{}", "", None)
+        await self.engine.run(session, "reset", "{}", {}, "", None)
 
 
 class ToolView(BaseModel):

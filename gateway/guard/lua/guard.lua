@@ -1,10 +1,11 @@
 -- The agent guard (docs/agent-guard.md): one atomic call per check.
 --
 -- Prepended by a prelude that defines load() -> state table or nil,
--- save(state, ttl_ms), drop(), decode(json) -> table, limits(json) -> a table
+-- save(state, ttl_ms), drop(), payload(ARGV[3]) -> table, limits(json) -> a table
 -- the script only reads, and now() -> ms; then by enc.lua (enc(value) ->
 -- JSON). Redis keeps the state as one JSON value (cjson) under KEYS[1]; the
--- memory store runs this same file in Lua 5.1 (lupa) over a table it holds.
+-- memory store runs this same file in LuaJIT's interpreter, a Lua 5.1 (lupa),
+-- over a table it holds.
 -- Every number in the state is an integer (micro-dollars, milliseconds,
 -- millionths), so a JSON round trip loses nothing and both give the same
 -- answers.
@@ -16,11 +17,12 @@
 -- recently used entry; lists keep their newest items.
 --
 -- ARGV: 1 op (step|result|retry|handoff|kb|usage|state|reset), 2 profile
--- limits (JSON), 3 payload (JSON, prepared by gateway/guard/service.py:
--- hashes, tokens and flags), 4 profile name, 5 now ms ("" = server time).
+-- limits (JSON), 3 payload (prepared by gateway/guard/service.py: hashes,
+-- tokens and flags; JSON on Redis, a table in this process), 4 profile name,
+-- 5 now ms ("" = server time).
 -- Returns {decision, reason, evidence JSON, meta JSON, also JSON}.
 
-local OP, L, P, PROFILE = ARGV[1], limits(ARGV[2]), decode(ARGV[3]), ARGV[4]
+local OP, L, P, PROFILE = ARGV[1], limits(ARGV[2]), payload(ARGV[3]), ARGV[4]
 local NOW = tonumber(ARGV[5]) or now()
 
 local function round2(x) return math.floor(x * 100 + 0.5) / 100 end

@@ -6,7 +6,7 @@ local function load()
 end
 local function save(state, ttl_ms) redis.call('SET', KEYS[1], cjson.encode(state), 'PX', ttl_ms) end
 local function drop() redis.call('DEL', KEYS[1]) end
-local decode = cjson.decode
+local payload = cjson.decode
 local limits = cjson.decode
 local function now()
   local t = redis.call('TIME')
