@@ -294,6 +294,28 @@ async def test_sdk_client_looping_is_warned_then_blocked_and_server_runs_three_t
     assert not made.is_error and made.structured_content == {"result": 3}
 
 
+async def test_a_warning_only_a_result_raises_comes_with_the_next_successful_result(
+    tmp_path: Path,
+) -> None:
+    # Breaks if a warning raised by recording a result (no_progress here) is
+    # lost, added to a result it was not raised for before its turn, or added
+    # more than once. A result is recorded after its answer is relayed, so
+    # the warning rides on the next successful result.
+    async with stdio_session(proxied(counter=tmp_path / "count")) as client:
+        waits = [await client.call_tool("wait", {"seconds": s}) for s in (0, 0.001, 0.002)]
+        failed = await client.call_tool("fail", {"reason": "disk full"})
+        carried = await client.call_tool("search", {"query": "tide tables"})
+        plain = await client.call_tool("search", {"query": "moon phases"})
+    assert [texts(w) for w in waits] == [["waited"]] * 3
+    assert failed.is_error and len(failed.content) == 1  # not on a failure: the next success
+    assert texts(carried) == [
+        "no results for tide tables",
+        NOTE + "wait returned the same result 3 times in a row. Calling it again will not "
+        "change it: act on the result or move on.",
+    ]
+    assert texts(plain) == ["no results for moon phases"]
+
+
 async def test_profile_from_config_sets_the_limits_exemptions_and_polls(tmp_path: Path) -> None:
     # Breaks if --profile or the -c file's guard profiles are not what the
     # proxy's guard runs: with the default profile the tight run would get 3
@@ -445,9 +467,17 @@ async def test_progress_and_log_messages_reach_the_client_in_order_then_the_resu
 # Later calls are guarded and their results recorded as before.
 
 
-async def wait_for_steps(state: Callable[[str], Awaitable[Any]], session: str, n: int) -> Any:
+async def wait_for_steps(
+    state: Callable[[str], Awaitable[Any]], session: str, n: int, results: bool = False
+) -> Any:
+    """The session once it has `n` steps (and, with `results`, the newest
+    one's result: a result is recorded just after its answer is relayed)."""
     deadline = time.monotonic() + CALL_TIMEOUT
-    while (now := await state(session)) is None or now["steps"] < n:
+    while (
+        (now := await state(session)) is None
+        or now["steps"] < n
+        or (results and now["recent_calls"][-1]["result"] is None)
+    ):
         assert time.monotonic() < deadline, f"session {session}: {now}"
         await asyncio.sleep(0.02)
     return now
@@ -472,7 +502,7 @@ async def test_a_call_cancelled_by_the_sdk_keeps_its_step_and_gets_no_result(
             await call
         search = await client.call_tool("search", {"query": "tide tables"})
         again = await client.call_tool("wait", {"seconds": 0.01})
-        after = await guard_state(session_name)
+        after = await wait_for_steps(guard_state, session_name, 3, results=True)
         # The server heard of it and stopped the call (well before its 5 s).
         assert await wait_for_text(cancelled_file, "wait(5) cancelled", within=3)
     assert [(c["tool"], c["result"]) for c in before["recent_calls"]] == [("wait", None)]
@@ -523,7 +553,7 @@ async def test_an_answer_sent_after_the_cancellation_is_relayed_but_not_recorded
         await send({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
                     "params": {"name": "lookup", "arguments": {"key": "k"}}})  # fmt: skip
         answered = await receive()
-        after = await guard_state(session_name)
+        after = await wait_for_steps(guard_state, session_name, 2, results=True)
         stdin.close()
         assert await asyncio.wait_for(proxy.wait(), CALL_TIMEOUT) == 0
     finally:

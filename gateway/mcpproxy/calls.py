@@ -14,6 +14,7 @@ judge and passes untouched.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from dataclasses import dataclass
@@ -67,6 +68,8 @@ class ToolCalls:
         self.warn_note = warn_note
         self.pending: dict[RequestId, Pending] = {}
         self.blocked = 0
+        self.recording: set[asyncio.Task[None]] = set()  # results being recorded
+        self.note: str | None = None  # a result's warning, for the next result
 
     async def from_client(self, message: mcp.JSONRPCMessage) -> mcp.JSONRPCMessage | None:
         """None: forward the message as it came; else the answer to send back
@@ -82,6 +85,7 @@ class ToolCalls:
             params = mcp.CallToolRequestParams.model_validate(message.params or {})
         except ValidationError:
             return None  # the server says what is wrong with it
+        await self.settle()  # judged on every result before it
         answer = await self._check("step", {"tool": params.name, "args": params.arguments or {}})
         if answer is not None and answer.decision == "block":
             self.blocked += 1
@@ -99,7 +103,12 @@ class ToolCalls:
         return None
 
     async def from_server(self, message: mcp.JSONRPCMessage) -> mcp.JSONRPCMessage | None:
-        """None: forward the message as it came; else the message to send instead."""
+        """None: forward the message as it came; else the message to send instead.
+
+        The result is recorded after this returns (`_record`): the answer
+        goes to the client first, and the next call's step waits for the
+        record (`settle`). A warning the result raises reaches the model with
+        the next successful result."""
         if not isinstance(message, mcp.JSONRPCResponse | mcp.JSONRPCError):
             return None
         if message.id is None:
@@ -108,24 +117,40 @@ class ToolCalls:
         if call is None:
             return None
         if isinstance(message, mcp.JSONRPCError):
-            body = {"tool": call.tool, "ok": False, "output": message.error.message}
-            await self._check("result", body)
+            self._record({"tool": call.tool, "ok": False, "output": message.error.message})
             return None
         try:
             result = mcp.CallToolResult.model_validate(message.result)
         except ValidationError:
             return None
-        body = {"tool": call.tool, "ok": not result.is_error, "output": result_text(result)}
-        answer = await self._check("result", body)
-        warned = [a for a in (call.step, answer) if a is not None and a.decision == "warn"]
-        if not (warned and self.warn_note and not result.is_error):
+        self._record({"tool": call.tool, "ok": not result.is_error, "output": result_text(result)})
+        if result.is_error or not self.warn_note:
+            return None
+        note = call.step.message if call.step is not None and call.step.decision == "warn" else None
+        note, self.note = note or self.note, None
+        if note is None:
             return None
         # The model reads the warning beside the result it asked for.
-        note = {"type": "text", "text": NOTE + warned[0].message}
-        content = [*message.result.get("content", []), note]
+        block = {"type": "text", "text": NOTE + note}
+        content = [*message.result.get("content", []), block]
         return mcp.JSONRPCResponse(
             jsonrpc="2.0", id=message.id, result={**message.result, "content": content}
         )
+
+    def _record(self, body: dict[str, Any]) -> None:
+        task = asyncio.ensure_future(self._result(body))
+        self.recording.add(task)
+        task.add_done_callback(self.recording.discard)
+
+    async def _result(self, body: dict[str, Any]) -> None:
+        answer = await self._check("result", body)
+        if answer is not None and answer.decision == "warn":
+            self.note = answer.message
+
+    async def settle(self) -> None:
+        """Until every result handed on has been recorded."""
+        while self.recording:
+            await asyncio.gather(*self.recording)
 
     async def _check(self, op: str, body: dict[str, Any]) -> Answer | None:
         """The guard's answer, or None when it has none to give (the store

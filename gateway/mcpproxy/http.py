@@ -47,6 +47,8 @@ class HttpProxy:
         self.app.on_cleanup.append(self._close)
 
     async def _close(self, app: web.Application) -> None:
+        for calls in list(self._calls.values()):  # the last results reach the store
+            await calls.settle()
         if self._client is not None:
             await self._client.close()
 

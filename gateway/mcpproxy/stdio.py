@@ -137,6 +137,7 @@ async def run(
         with contextlib.suppress(ConnectionError):
             await server  # the child's last words reach the client
         code = await child.wait()
+        await calls.settle()  # the last results reach the store before the proxy ends
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
