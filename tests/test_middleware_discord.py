@@ -114,7 +114,9 @@ def bot(
     the rest to `handler`; every message it was shown is in `Shown.of(client)`."""
     intents = discord.Intents.default()
     intents.message_content = True
-    client = discord.Client(intents=intents)
+    # The fake sends its guild right after READY: no need to wait discord.py's
+    # default 2 s for more guilds before on_ready.
+    client = discord.Client(intents=intents, guild_ready_timeout=0.05)
     g = guard(client, bouncer, **kw)
     shown = Shown()
     client.shown = shown  # type: ignore[attr-defined]
