@@ -518,3 +518,56 @@ async def test_a_session_reads_back_as_documented_fields_without_the_agents_word
     text = json.dumps(state)
     for word in secret_words.split():
         assert word not in text
+
+
+# -- feed: a batch in one call ------------------------------------------------------
+
+
+def mixed_run() -> list[tuple[str, dict[str, Any]]]:
+    """Steps and results that warn, fail and, at the end, block (identical)."""
+    run: list[tuple[str, dict[str, Any]]] = []
+    for i in range(3):
+        run += [("step", {"tool": "search", "args": {"q": f"tides {i}"}}),
+                ("result", {"tool": "search", "output": f"page {i}"})]  # fmt: skip
+    run += [("step", {"tool": "deploy", "args": {}}),
+            ("result", {"tool": "deploy", "ok": False, "output": "timeout"})]  # fmt: skip
+    for _ in range(4):
+        run += [("step", {"tool": "status", "args": {"id": 7}}),
+                ("result", {"tool": "status", "output": "pending"})]  # fmt: skip
+    return run
+
+
+async def test_feed_answers_as_one_by_one_and_stops_at_the_first_block(guard: Guard) -> None:
+    # Breaks if a batch checks differently from the same checks made one at a
+    # time (shared findings, one use counter, state saved per check or not at
+    # all), or goes on past a block.
+    run = mixed_run()
+    one_by_one: list[Answer] = []
+    for op, body in run:
+        check = guard.step if op == "step" else guard.result
+        one_by_one.append(await check("alone", body))
+        if one_by_one[-1].decision == "block":
+            break
+    assert one_by_one[-1].decision == "block" and len(one_by_one) < len(run)
+    assert "warn" in {a.decision for a in one_by_one}
+    batched = await guard.feed("batched", [guard.prepare(op, body) for op, body in run])
+    assert [a.as_dict() | {"session": ""} for a in batched] == [
+        a.as_dict() | {"session": ""} for a in one_by_one
+    ]
+    alone, together = await guard.state("alone"), await guard.state("batched")
+    taken = [a for (op, _), a in zip(run, one_by_one, strict=False) if op == "step"]
+    assert alone is not None and alone["steps"] == len(taken) - 1 == 7  # all but the blocked
+    assert together == alone
+    assert await guard.feed("batched", []) == []
+
+
+async def test_feed_with_a_bad_check_saves_nothing(guard: Guard) -> None:
+    # Breaks if a batch that errors part way keeps the checks before the error.
+    from gateway.guard.service import Prepared
+
+    good = guard.prepare("step", {"tool": "search", "args": {"q": "tides"}})
+    with pytest.raises(RuntimeError, match="unknown_op"):
+        await guard.feed("s", [good, Prepared("nonsense", {})])
+    assert await guard.state("s") is None
+    with pytest.raises(GuardInputError, match="tool"):
+        guard.prepare("step", {"args": {}})

@@ -504,9 +504,9 @@ async def test_a_failing_store_forwards_unguarded(
             client = openai_client(f"{url}/llm/openai/v1")
 
             async def broken(*args: Any, **kw: Any) -> Any:
-                raise StoreError("redis guard step failed: Connection refused")
+                raise StoreError("redis guard batch failed: Connection refused")
 
-            d.guard.step = broken  # type: ignore[method-assign]
+            d.guard.feed = broken  # type: ignore[method-assign]
             with pytest.raises(AssertionError, match="never answered in 6 turns"):
                 await openai_agent(client, "Brest?", turns=6)
             opened = d.metrics.llm_requests.labels("openai", "fail_open")._value.get()
@@ -533,3 +533,44 @@ async def test_an_agent_that_leaves_mid_stream_is_not_the_upstreams_fault(
             broke = d.metrics.llm_requests.labels("openai", "upstream_broke")._value.get()
     assert (left, broke) == (1, 0)
     assert "upstream broke off" not in caplog.text
+
+
+async def test_the_new_events_of_a_request_go_to_the_guard_in_one_call(
+    redis_url: str, key_prefix: str
+) -> None:
+    # Breaks if the proxy feeds each tool call and result in a call (and on
+    # Redis a round trip) of its own: three parallel calls and their results
+    # were six before the answer was forwarded.
+    calls = [{"id": f"call_{i}", "type": "function",
+              "function": {"name": f"lookup_{i}", "arguments": json.dumps({"key": i})}}
+             for i in range(3)]  # fmt: skip
+    body = {"model": "m", "messages": [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        *({"role": "tool", "tool_call_id": c["id"], "content": f"value {i}"}
+          for i, c in enumerate(calls)),
+    ]}  # fmt: skip
+    async with FakeLLM() as llm:
+        llm.default = answer("Done.")
+        async with proxy_daemon(llm, redis_url, key_prefix) as (d, url):
+            assert d.guard is not None
+            engine, ops = d.guard.engine, []
+            run = engine.run
+
+            async def counted(session: str, op: str, *rest: Any) -> list[str]:
+                ops.append((op, len(rest[1]) if op == "batch" else 1))
+                return await run(session, op, *rest)
+
+            engine.run = counted  # type: ignore[method-assign]
+            headers = {"X-Botbouncer-Session": f"{key_prefix}batch"}
+            code, _, got, _ = await raw_post(
+                f"{url}/llm/openai/v1/chat/completions", body, **headers
+            )
+            assert code == 200 and json.loads(got)["choices"][0]["message"]["content"] == "Done."
+            engine.run = run  # type: ignore[method-assign]
+            state = await d.guard.state(f"{key_prefix}batch")
+    assert ops[0] == ("batch", 6)  # three steps and three results, in one call
+    assert [op for op, _ in ops[1:]] == ["usage"]  # the answer's tokens, after it
+    assert state is not None and state["steps"] == 3
+    assert [c["tool"] for c in state["recent_calls"]] == ["lookup_0", "lookup_1", "lookup_2"]
+    assert all(c["result"] is not None for c in state["recent_calls"])

@@ -57,12 +57,13 @@ class Engine(Protocol):
         session: str,
         op: str,
         limits: str,
-        payload: dict[str, Any],
+        payload: dict[str, Any] | list[Any],
         profile: str,
         now_ms: int | None,
     ) -> list[str]:
         """The script's answer: decision, reason, evidence, meta, also (JSON
-        texts). `payload` is flat (strings, numbers, booleans): each engine
+        texts), five for each check of a batch. `payload` holds strings,
+        numbers and booleans (a batch: a list of [op, payload]); each engine
         hands it to the script as it takes it (JSON for Redis, a table here)."""
         ...
 
@@ -84,7 +85,7 @@ class RedisEngine:
         session: str,
         op: str,
         limits: str,
-        payload: dict[str, Any],
+        payload: dict[str, Any] | list[Any],
         profile: str,
         now_ms: int | None,
     ) -> list[str]:
@@ -232,16 +233,15 @@ class MemoryEngine:
         session: str,
         op: str,
         limits: str,
-        payload: dict[str, Any],
+        payload: dict[str, Any] | list[Any],
         profile: str,
         now_ms: int | None,
     ) -> list[str]:
         # The payload as a table: no JSON text made here and parsed in Lua.
         lua = self._lua
         keys = lua.table_from([session])
-        args = lua.table_from(
-            [op, limits, lua.table_from(payload), profile, "" if now_ms is None else now_ms]
-        )
+        table = lua.table_from(payload, recursive=True)
+        args = lua.table_from([op, limits, table, profile, "" if now_ms is None else now_ms])
         out = self._fn(keys, args)
         if len(self._hot) > self.HOT:
             self._cool()
@@ -262,7 +262,7 @@ class FailoverEngine:
         session: str,
         op: str,
         limits: str,
-        payload: dict[str, Any],
+        payload: dict[str, Any] | list[Any],
         profile: str,
         now_ms: int | None,
     ) -> list[str]:

@@ -252,6 +252,14 @@ def limits_of(profile: GuardProfile, ttl_seconds: int) -> str:
     }, sort_keys=True)  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A step or a result ready for Guard.feed."""
+
+    op: str
+    payload: dict[str, Any]
+
+
 class Guard:
     """`clock` (seconds) injects time for tests; by default the store's own."""
 
@@ -283,10 +291,19 @@ class Guard:
     async def _check(
         self, session: str, profile: str | None, op: str, payload: dict[str, Any]
     ) -> Answer:
+        return (await self._run(session, profile, op, payload))[0]
+
+    async def _run(
+        self, session: str, profile: str | None, op: str, payload: dict[str, Any] | list[Any]
+    ) -> list[Answer]:
+        """One call to the engine: one check, or a batch of them."""
         check_session(session)
         name, _ = self.profile(profile)
         now_ms = None if self.clock is None else round(self.clock() * 1000)
         raw = await self.engine.run(session, op, self._limits[name], payload, name, now_ms)
+        return [self._answer(session, raw[i : i + 5]) for i in range(0, len(raw), 5)]
+
+    def _answer(self, session: str, raw: list[str]) -> Answer:
         decision, reason, evidence, meta, also = raw
         ev = json.loads(evidence)
         if decision == "error":
@@ -316,7 +333,29 @@ class Guard:
             self.observer(session, answer)
         return answer
 
+    def prepare(self, op: str, body: Any, profile: str | None = None) -> Prepared:
+        """A step or a result made ready for `feed` (GuardInputError when the
+        guard cannot take it, as `step` and `result` would say)."""
+        if op == "step":
+            return Prepared(op, self._step(body, profile))
+        if op == "result":
+            return Prepared(op, self._result(body, profile))
+        raise ValueError(f"prepare: {op!r} is neither step nor result")
+
+    async def feed(
+        self, session: str, checks: list[Prepared], profile: str | None = None
+    ) -> list[Answer]:
+        """Steps and results checked in order, as `step` and `result` would
+        check them one by one, in one call to the store (one Redis round
+        trip), until one is blocked: the answers of those checked."""
+        if not checks:
+            return []
+        return await self._run(session, profile, "batch", [[c.op, c.payload] for c in checks])
+
     async def step(self, session: str, body: Any, profile: str | None = None) -> Answer:
+        return await self._check(session, profile, "step", self._step(body, profile))
+
+    def _step(self, body: Any, profile: str | None) -> dict[str, Any]:
         req = parse_body(StepBody, body)
         _, p = self.profile(profile)
         payload: dict[str, Any] = {
@@ -331,15 +370,18 @@ class Guard:
         }
         if req.input_tokens is not None:
             payload["itok"] = req.input_tokens
-        return await self._check(session, profile, "step", payload)
+        return payload
 
     async def result(self, session: str, body: Any, profile: str | None = None) -> Answer:
+        return await self._check(session, profile, "result", self._result(body, profile))
+
+    def _result(self, body: Any, profile: str | None) -> dict[str, Any]:
         req = parse_body(ResultBody, body)
         _, p = self.profile(profile)
         sub = req.tool in p.subagents.tools
         # compared without what changes on every run (timings, pids, ...)
         steady = normalize.steady(req.output, p.results.volatile_keys)
-        payload = {
+        return {
             "tool": req.tool,
             "ok": req.ok,
             "rh": normalize.digest(normalize.canonical(steady)),
@@ -349,7 +391,6 @@ class Guard:
             "sub": sub,
             "rtoks": normalize.tokens(req.output, p.session.max_tokens) if sub else "",
         }
-        return await self._check(session, profile, "result", payload)
 
     async def retry(self, session: str, body: Any, profile: str | None = None) -> Answer:
         req = parse_body(RetryBody, body)

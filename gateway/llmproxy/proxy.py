@@ -38,7 +38,7 @@ from aiohttp import web
 from gateway.config.llmproxy import ApiConfig, LlmProxyConfig
 from gateway.errors import BotbouncerError
 from gateway.guard.requests import GuardInputError
-from gateway.guard.service import Answer, Guard
+from gateway.guard.service import Answer, Guard, Prepared
 from gateway.inflight import InFlight, ShuttingDown
 from gateway.llmproxy import session as sessions
 from gateway.llmproxy.anthropic import Anthropic
@@ -246,13 +246,11 @@ class LlmProxy:
         saving = None
         if events:
             new = await self.seen.new(session, events)
-            for event in new:
-                answer = await self._feed(session, event, profile)
-                if answer is None:
-                    continue
-                answers.append(answer)
-                if answer.decision == "block":
-                    break
+            # In one call to the store, in order, until one is blocked.
+            checks = [c for c in (self._prepare(session, e, profile) for e in new) if c]
+            answers = await self.guard.feed(session, checks, profile)
+            for answer in answers:
+                self.metrics.guard_checks.labels(answer.decision, answer.reason).inc()
             if new:
                 saving = asyncio.create_task(self.seen.remember(session, events))
         if not answers:  # nothing new to feed: is the budget spent?
@@ -269,24 +267,21 @@ class LlmProxy:
             action = "tools_disabled" if self.config.block_mode == "answer" else "stopped"
         return Verdict(a, action, saving)
 
-    async def _feed(self, session: str, event: ToolEvent, profile: str) -> Answer | None:
-        """The guard's answer, or None for an event it cannot take (a tool name
-        over 200 characters, arguments nested too deep): the agent's own
-        input is the upstream's to judge, never a reason to refuse it."""
+    def _prepare(self, session: str, event: ToolEvent, profile: str) -> Prepared | None:
+        """The event as the guard takes it, or None for one it cannot take (a
+        tool name over 200 characters, arguments nested too deep): the
+        agent's own input is the upstream's to judge, never a reason to
+        refuse it."""
         try:
             if event.kind == "step":
                 args = event.args if event.args is not None else {}
-                step = {"tool": event.tool, "args": args}
-                answer = await self.guard.step(session, step, profile)
-            else:
-                body = {"tool": event.tool, "ok": event.ok, "output": event.output}
-                answer = await self.guard.result(session, body, profile)
+                return self.guard.prepare("step", {"tool": event.tool, "args": args}, profile)
+            body = {"tool": event.tool, "ok": event.ok, "output": event.output}
+            return self.guard.prepare("result", body, profile)
         except GuardInputError as exc:
             log.info("llm proxy session=%s: a %s of %.60r not fed to the guard: %s", session,
                      event.kind, event.tool, exc)  # fmt: skip
             return None
-        self.metrics.guard_checks.labels(answer.decision, answer.reason).inc()
-        return answer
 
     def _usage(self, cost_usd: float, tokens: int) -> dict[str, Any]:
         body: dict[str, Any] = {"cost_usd": cost_usd, "tokens": tokens}
