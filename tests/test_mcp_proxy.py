@@ -99,6 +99,34 @@ for line in sys.stdin:
               "result": {"content": [{"type": "text", "text": "late answer"}]}})
 """
 
+# A server on the protocol's 2025-03-26 revision, which has JSON-RPC batches
+# (servers on it must take them): a batch is answered with the batch of its
+# requests' answers. search(query) counts its runs in COUNTER_FILE.
+BATCH_SERVER = """
+import json, os, sys
+runs = 0
+def answer(m):
+    global runs
+    method, rid = m.get("method"), m.get("id")
+    if method == "initialize":
+        return {"jsonrpc": "2.0", "id": rid, "result": {"protocolVersion": "2025-03-26",
+                "capabilities": {"tools": {}}, "serverInfo": {"name": "batch", "version": "1"}}}
+    if method == "tools/call":
+        runs += 1
+        with open(os.environ["COUNTER_FILE"], "w") as f:
+            f.write(str(runs))
+        text = "no results for " + m["params"]["arguments"]["query"]
+        content = [{"type": "text", "text": text}]
+        return {"jsonrpc": "2.0", "id": rid, "result": {"content": content}}
+    return None
+for line in sys.stdin:
+    m = json.loads(line)
+    out = [a for a in map(answer, m) if a] if isinstance(m, list) else answer(m)
+    if out:
+        sys.stdout.write(json.dumps(out) + "\\n")
+        sys.stdout.flush()
+"""
+
 # A stdio child for the lifecycle tests: says its pid on stderr, then echoes
 # every line it reads until its stdin closes. Python starts in milliseconds
 # without the MCP SDK, so these tests pay for the proxy's start only.
@@ -229,12 +257,13 @@ async def guard_state(redis_url: str) -> AsyncIterator[Callable[[str], Awaitable
     await store.close()
 
 
-async def start_proxy(*args: str, stderr: Path) -> asyncio.subprocess.Process:
-    """The proxy as a process of its own, stdin and stdout piped to this test."""
+async def start_proxy(*args: str, stderr: Path, **env: str) -> asyncio.subprocess.Process:
+    """The proxy as a process of its own, stdin and stdout piped to this test
+    (`env`: more of its environment, which its server inherits)."""
     with stderr.open("wb") as err:
         return await asyncio.create_subprocess_exec(
             *PROXY, *args, cwd=ROOT, stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=err,
+            stdout=asyncio.subprocess.PIPE, stderr=err, env={**os.environ, **env},
         )  # fmt: skip
 
 
@@ -661,6 +690,67 @@ async def test_bad_command_lines_exit_2_with_a_message(tmp_path: Path) -> None:
 # -- 6. one session across proxies --------------------------------------------------
 
 
+def search_call(rid: int) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rid, "method": "tools/call",
+            "params": {"name": "search", "arguments": {"query": "tide tables"}}}  # fmt: skip
+
+
+def batch_answers(line: bytes) -> dict[Any, Any]:
+    """A batch the client received, by id: each result's isError and texts."""
+    got = json.loads(line)
+    assert isinstance(got, list), got
+    return {
+        m["id"]: (m["result"].get("isError", False), [c["text"] for c in m["result"]["content"]])
+        for m in got
+    }
+
+
+async def test_a_batch_of_tool_calls_is_guarded_call_by_call_over_stdio(
+    tmp_path: Path, redis_url: str, session_name: str, guard_state: Any
+) -> None:
+    # Breaks if a JSON-RPC batch passes the guard unread (the server would run
+    # search three times), if the calls blocked in it reach the server or get
+    # no answer, or if the results of the server's batch are not recorded.
+    config = write_config(tmp_path / "bb.yml", redis_url)
+    counter = tmp_path / "count"
+    proxy = await start_proxy(
+        "-c", str(config), "--profile", "tight", "--session", session_name,
+        "--", PY, "-c", BATCH_SERVER, stderr=tmp_path / "stderr", COUNTER_FILE=str(counter),
+    )  # fmt: skip
+    assert proxy.stdin is not None and proxy.stdout is not None
+    stdin, stdout = proxy.stdin, proxy.stdout
+
+    async def send(message: Any) -> None:
+        stdin.write(json.dumps(message).encode() + b"\n")
+        await stdin.drain()
+
+    async def receive() -> bytes:
+        return await asyncio.wait_for(stdout.readline(), CALL_TIMEOUT)
+
+    try:
+        await send({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                    "params": {"protocolVersion": "2025-03-26", "capabilities": {},
+                               "clientInfo": {"name": "raw", "version": "1"}}})  # fmt: skip
+        assert json.loads(await receive())["id"] == 1
+        # identical: block_at 2: the first search runs, the two after it do not.
+        await send([search_call(2), search_call(3), search_call(4)])
+        blocked, answered = batch_answers(await receive()), batch_answers(await receive())
+        state = await wait_for_steps(guard_state, session_name, 1, results=True)
+        # A batch with nothing to block goes as it came.
+        await send([{"jsonrpc": "2.0", "method": "notifications/initialized"}])
+        stdin.close()
+        assert await asyncio.wait_for(proxy.wait(), CALL_TIMEOUT) == 0
+    finally:
+        await stop(proxy)
+    assert sorted(blocked) == [3, 4]
+    for is_error, said in blocked.values():
+        assert is_error and len(said) == 1 and said[0].startswith(NOTE + "You called search")
+    assert answered == {2: (False, ["no results for tide tables"])}
+    assert count(counter) == 1
+    assert state["steps"] == 1 and state["blocked"] == 2
+    assert state["recent_calls"][0]["result"] is not None  # from the server's batch
+
+
 async def test_two_proxies_with_one_session_on_redis_block_together(
     tmp_path: Path, redis_url: str, session_name: str, guard_state: Any
 ) -> None:
@@ -803,3 +893,83 @@ async def test_without_a_config_a_long_session_is_not_stopped_by_the_step_ceilin
         results = [await client.call_tool("search", {"query": f"q{i}"}) for i in range(60)]
     assert not any(r.is_error for r in results)
     assert count(tmp_path / "count") == 60
+
+
+@pytest.mark.parametrize("answers_as", ["json", "sse"])
+async def test_a_batch_of_tool_calls_is_guarded_call_by_call_over_http(
+    tmp_path: Path, answers_as: str
+) -> None:
+    # Breaks if a batch POSTed to the HTTP relay passes the guard unread, if a
+    # call blocked in it reaches the server, or if its answer is missing from
+    # the response: merged into the server's JSON batch (or sent as an SSE
+    # event of its own), in place of the server's empty 202 when only a
+    # notification was forwarded, the whole response when nothing was.
+    from aiohttp import ClientSession as HttpClient
+    from aiohttp import web
+
+    ran: list[int] = []
+
+    async def mcp_endpoint(request: web.Request) -> web.StreamResponse:
+        got = await request.json()
+        requests = [m for m in got if "id" in m]
+        ran.extend(m["id"] for m in requests)
+        if not requests:
+            return web.Response(status=202)
+        answers = [{"jsonrpc": "2.0", "id": m["id"], "result": {"content": [
+            {"type": "text", "text": "no results for " + m["params"]["arguments"]["query"]}]}}
+            for m in requests]  # fmt: skip
+        if answers_as == "json":
+            return web.json_response(answers)
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        await out.write(b"event: message\ndata: " + json.dumps(answers).encode() + b"\n\n")
+        return out
+
+    app = web.Application()
+    app.router.add_post("/mcp", mcp_endpoint)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", free_port())
+    await site.start()
+    upstream = f"http://127.0.0.1:{runner.addresses[0][1]}/mcp"
+    proxy_port, log = free_port(), tmp_path / "proxy.log"
+    config = write_config(tmp_path / "bb.yml")
+    with log.open("wb") as err:
+        proxy = await asyncio.create_subprocess_exec(
+            *PROXY, "-c", str(config), "--profile", "tight", "--upstream", upstream,
+            "--listen", f"127.0.0.1:{proxy_port}", cwd=ROOT,
+            stdin=asyncio.subprocess.DEVNULL, stdout=err, stderr=err,
+        )  # fmt: skip
+    notification = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    responses: list[dict[Any, Any]] = []
+    try:
+        await wait_for_port(proxy_port, proxy, log)
+        async with HttpClient() as http:
+            for batch in ([search_call(2), search_call(3)], [search_call(4)],
+                          [search_call(5), notification], [search_call(6)]):  # fmt: skip
+                async with http.post(f"http://127.0.0.1:{proxy_port}/mcp", json=batch) as r:
+                    assert r.status == 200, await r.text()
+                    raw = await r.read()
+                    if r.content_type == "text/event-stream":
+                        events = [e for e in raw.split(b"\n\n") if e.strip()]
+                        lines = [e.split(b"data: ", 1)[1] for e in events]
+                        responses.append(
+                            {k: v for ln in lines for k, v in batch_answers(ln).items()}
+                        )
+                    else:
+                        responses.append(batch_answers(raw))
+        proxy.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proxy.wait(), CALL_TIMEOUT) == 0
+    finally:
+        await stop(proxy)
+        await runner.cleanup()
+    # identical: block_at 2. The 3rd call repeats the 2nd before any result;
+    # the 2nd's result is the baseline, so the 4th runs; the 4th's result is
+    # unchanged, so the 5th and 6th repeat it and are blocked.
+    first, second, with_notification, alone = responses
+    searched = (False, ["no results for tide tables"])
+    assert first[2] == searched and second == {4: searched}
+    for blocked in (first[3], with_notification[5], alone[6]):
+        assert blocked[0] and blocked[1][0].startswith(NOTE + "You called search")
+    assert set(with_notification) == {5} and set(alone) == {6}
+    assert ran == [2, 4]  # the server never saw a blocked call

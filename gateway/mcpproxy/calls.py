@@ -7,7 +7,9 @@ leaves alone, is relayed as the bytes it came as.
 
 Both transports (gateway/mcpproxy/stdio.py, http.py) hand each message to
 `ToolCalls`, one per client connection: `from_client` for what the client
-sends, `from_server` for what the server sends. Messages are read with the
+sends, `from_server` for what the server sends (a JSON-RPC batch goes to
+`from_client_batch` / `from_server_batch`, which take it message by
+message). Messages are read with the
 MCP SDK's own types (mcp_types); one that does not parse is not ours to
 judge and passes untouched.
 """
@@ -40,6 +42,40 @@ def parse(raw: bytes | str) -> mcp.JSONRPCMessage | None:
 
 def dump(message: mcp.JSONRPCMessage) -> bytes:
     return message.model_dump_json(by_alias=True, exclude_none=True).encode()
+
+
+def is_batch(raw: bytes) -> bool:
+    """A JSON-RPC batch (an array of messages) rather than one message."""
+    return raw.lstrip()[:1] == b"["
+
+
+def dump_batch(messages: list[mcp.JSONRPCMessage]) -> bytes:
+    return b"[" + b",".join(dump(m) for m in messages) + b"]"
+
+
+def _items(raw: bytes) -> list[Any] | None:
+    try:
+        items = json.loads(raw)
+    except ValueError:
+        return None
+    return items if isinstance(items, list) and items else None
+
+
+def _message(item: Any) -> mcp.JSONRPCMessage | None:
+    try:
+        return mcp.jsonrpc_message_adapter.validate_python(item)
+    except ValidationError:
+        return None
+
+
+@dataclass
+class ClientBatch:
+    """What becomes of a client's batch: `forward` the bytes to send the
+    server (as they came when nothing in it was blocked, the rest of it
+    when some was, None when nothing is left) and the answers given here."""
+
+    forward: bytes | None
+    answers: list[mcp.JSONRPCMessage]
 
 
 def result_text(result: mcp.CallToolResult) -> str:
@@ -135,6 +171,48 @@ class ToolCalls:
         content = [*message.result.get("content", []), block]
         return mcp.JSONRPCResponse(
             jsonrpc="2.0", id=message.id, result={**message.result, "content": content}
+        )
+
+    async def from_client_batch(self, raw: bytes) -> ClientBatch:
+        """A JSON-RPC batch from the client (the protocol's 2025-03-26
+        revision has them, and servers on it must take them): every message
+        in it is what it would be on its own, in order, so a tools/call in a
+        batch is a step like any other and a blocked one is answered here."""
+        items = _items(raw)
+        if items is None:
+            return ClientBatch(raw, [])
+        kept: list[Any] = []
+        answers: list[mcp.JSONRPCMessage] = []
+        for item in items:
+            message = _message(item)
+            answer = await self.from_client(message) if message is not None else None
+            if answer is None:
+                kept.append(item)
+            else:
+                answers.append(answer)
+        if not answers:
+            return ClientBatch(raw, [])
+        rest = json.dumps(kept, ensure_ascii=False, separators=(",", ":")).encode()
+        return ClientBatch(rest if kept else None, answers)
+
+    async def from_server_batch(self, raw: bytes) -> bytes | None:
+        """A JSON-RPC batch from the server: None to forward it as it came,
+        else the batch to send instead (each message as from_server has it)."""
+        items = _items(raw)
+        if items is None:
+            return None
+        out: list[Any] = []
+        changed = False
+        for item in items:
+            message = _message(item)
+            instead = await self.from_server(message) if message is not None else None
+            if instead is None:
+                out.append(item)
+            else:
+                out.append(instead.model_dump(by_alias=True, exclude_none=True, mode="json"))
+                changed = True
+        return (
+            json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode() if changed else None
         )
 
     def _record(self, body: dict[str, Any]) -> None:

@@ -19,11 +19,12 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import aiohttp
+import mcp_types as mcp
 from aiohttp import web
 from multidict import CIMultiDict
 
 from gateway.llmproxy.wire import HOP_BY_HOP, SseReader, digest
-from gateway.mcpproxy.calls import ToolCalls, dump, parse
+from gateway.mcpproxy.calls import ToolCalls, dump, dump_batch, is_batch, parse
 
 log = logging.getLogger("botbouncer.mcp_proxy")
 
@@ -72,7 +73,13 @@ class HttpProxy:
         if len(body) > MAX_BODY:
             return web.json_response({"error": f"body over {MAX_BODY} bytes"}, status=413)
         calls = self.calls(request)
-        if request.method == "POST":
+        extra: list[mcp.JSONRPCMessage] = []  # answers given here, for the client
+        if request.method == "POST" and is_batch(body):
+            batch = await calls.from_client_batch(body)
+            if batch.forward is None:  # every message in it answered here
+                return web.Response(body=dump_batch(batch.answers), content_type="application/json")
+            body, extra = batch.forward, batch.answers
+        elif request.method == "POST":
             message = parse(body)
             answer = await calls.from_client(message) if message is not None else None
             if answer is not None:
@@ -91,34 +98,43 @@ class HttpProxy:
             log.warning("mcp proxy: upstream %s unreachable: %s", self.upstream, exc)
             return _jsonrpc_error(body, f"the MCP server {self.upstream} is unreachable")
         try:
-            return await self._relay(request, upstream, calls)
+            return await self._relay(request, upstream, calls, extra)
         finally:
             upstream.release()
 
     async def _relay(
-        self, request: web.Request, upstream: aiohttp.ClientResponse, calls: ToolCalls
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        calls: ToolCalls,
+        extra: list[mcp.JSONRPCMessage],
     ) -> web.StreamResponse:
+        """The server's answer, each message in it as ToolCalls has it, with
+        `extra` (the answers to the part of a batch given here) added."""
         headers = CIMultiDict((k, v) for k, v in upstream.headers.items() if k.lower() not in _HOP)
-        if upstream.content_type == "application/json":  # one message: read whole
-            raw = await upstream.read()
-            message = parse(raw)
-            instead = await calls.from_server(message) if message is not None else None
-            body = dump(instead) if instead is not None else raw
+        sse = upstream.content_type == "text/event-stream"
+        if upstream.content_type == "application/json":  # one message or a batch: read whole
+            body = await _replaced(await upstream.read(), calls)
             return web.Response(
-                status=upstream.status, reason=upstream.reason, body=body, headers=headers
-            )
+                status=upstream.status, reason=upstream.reason, body=_merged(body, extra),
+                headers=headers,
+            )  # fmt: skip
+        if extra and not sse:  # nothing of the server's to add them to (a 202)
+            return web.Response(body=dump_batch(extra), content_type="application/json")
         out = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
         await out.prepare(request)
-        sse = SseReader() if upstream.content_type == "text/event-stream" else None
+        reader = SseReader() if sse else None
         try:
+            if extra:
+                await out.write(b"event: message\ndata: " + dump_batch(extra) + b"\n\n")
             async for chunk in upstream.content.iter_any():
-                if sse is None:
+                if reader is None:
                     await out.write(chunk)
                     continue
-                for raw, data in sse.feed(chunk):
+                for raw, data in reader.feed(chunk):
                     await out.write(await _event(raw, data, calls))
-            if sse is not None:
-                rest = sse.rest()
+            if reader is not None:
+                rest = reader.rest()
                 if rest:
                     await out.write(rest)
             await out.write_eof()
@@ -131,15 +147,42 @@ class HttpProxy:
         return out
 
 
-async def _event(raw: bytes, data: str | None, calls: ToolCalls) -> bytes:
-    """One SSE event as it came, or with its message replaced."""
-    message = parse(data) if data else None
+async def _replaced(raw: bytes, calls: ToolCalls) -> bytes:
+    """A message (or a batch) of the server's as it came, or as ToolCalls
+    would have it instead."""
+    if is_batch(raw):
+        batch = await calls.from_server_batch(raw)
+        return batch if batch is not None else raw
+    message = parse(raw)
     instead = await calls.from_server(message) if message is not None else None
-    if instead is None:
+    return dump(instead) if instead is not None else raw
+
+
+def _merged(body: bytes, extra: list[mcp.JSONRPCMessage]) -> bytes:
+    """The server's answer to a batch with the answers given here added (as
+    it came when it is not JSON: the client's batch failed there as a whole)."""
+    if not extra:
+        return body
+    try:
+        got = json.loads(body)
+    except ValueError:
+        return body
+    items = got if isinstance(got, list) else [got]
+    added = [m.model_dump(by_alias=True, exclude_none=True, mode="json") for m in extra]
+    return json.dumps([*items, *added], ensure_ascii=False, separators=(",", ":")).encode()
+
+
+async def _event(raw: bytes, data: str | None, calls: ToolCalls) -> bytes:
+    """One SSE event as it came, or with its message (or batch) replaced."""
+    if not data:
+        return raw
+    encoded = data.encode()
+    replaced = await _replaced(encoded, calls)
+    if replaced is encoded:
         return raw
     text = raw.decode("utf-8", "replace")
     lines = [ln for ln in text.splitlines() if ln and not ln.startswith("data:")]
-    lines.append("data: " + dump(instead).decode())
+    lines.append("data: " + replaced.decode())
     return ("\n".join(lines) + "\n\n").encode()
 
 

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import BinaryIO
 
-from gateway.mcpproxy.calls import ToolCalls, dump, parse
+from gateway.mcpproxy.calls import ToolCalls, dump, dump_batch, is_batch, parse
 
 log = logging.getLogger("botbouncer.mcp_proxy")
 
@@ -93,11 +93,19 @@ async def run(
 
     async def client_side() -> None:
         while line := await readline():
-            message = parse(line)
-            answer = await calls.from_client(message) if message is not None else None
-            if answer is not None:
-                await out.write(dump(answer) + b"\n")
-                continue
+            if is_batch(line):
+                batch = await calls.from_client_batch(line)
+                if batch.answers:
+                    await out.write(dump_batch(batch.answers) + b"\n")
+                if batch.forward is None:
+                    continue
+                line = batch.forward if batch.forward.endswith(b"\n") else batch.forward + b"\n"
+            else:
+                message = parse(line)
+                answer = await calls.from_client(message) if message is not None else None
+                if answer is not None:
+                    await out.write(dump(answer) + b"\n")
+                    continue
             to_child.write(line)
             try:
                 await to_child.drain()
@@ -107,10 +115,15 @@ async def run(
 
     async def server_side() -> None:
         while line := await from_child.readline():
-            message = parse(line)
-            instead = await calls.from_server(message) if message is not None else None
+            if is_batch(line):
+                batch = await calls.from_server_batch(line)
+                replaced = batch + b"\n" if batch is not None else None
+            else:
+                message = parse(line)
+                instead = await calls.from_server(message) if message is not None else None
+                replaced = dump(instead) + b"\n" if instead is not None else None
             try:
-                await out.write(dump(instead) + b"\n" if instead is not None else line)
+                await out.write(replaced if replaced is not None else line)
             except (ConnectionError, BrokenPipeError):
                 # The client closed its end: nothing can reach it any more;
                 # end as if it had closed stdin (the child gets its grace).
