@@ -274,6 +274,44 @@ async def stop(process: asyncio.subprocess.Process) -> None:
         await process.wait()
 
 
+Send = Callable[[Any], Awaitable[None]]
+Receive = Callable[[], Awaitable[bytes]]
+
+
+@contextlib.asynccontextmanager
+async def raw_proxy(
+    *args: str, stderr: Path, protocol: str, **env: str
+) -> AsyncIterator[tuple[Send, Receive, asyncio.subprocess.Process]]:
+    """The proxy spoken to line by line, once initialised on `protocol`:
+    send(message), receive() -> the next line, and its process."""
+    proxy = await start_proxy(*args, stderr=stderr, **env)
+    assert proxy.stdin is not None and proxy.stdout is not None
+    stdin, stdout = proxy.stdin, proxy.stdout
+
+    async def send(message: Any) -> None:
+        stdin.write(json.dumps(message).encode() + b"\n")
+        await stdin.drain()
+
+    async def receive() -> bytes:
+        return await asyncio.wait_for(stdout.readline(), CALL_TIMEOUT)
+
+    try:
+        await send({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                    "params": {"protocolVersion": protocol, "capabilities": {},
+                               "clientInfo": {"name": "raw", "version": "1"}}})  # fmt: skip
+        assert json.loads(await receive())["id"] == 1
+        yield send, receive, proxy
+    finally:
+        await stop(proxy)
+
+
+async def closed(proxy: asyncio.subprocess.Process) -> int:
+    """Its exit status once its client closed stdin."""
+    assert proxy.stdin is not None
+    proxy.stdin.close()
+    return await asyncio.wait_for(proxy.wait(), CALL_TIMEOUT)
+
+
 def contents(path: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
@@ -550,25 +588,10 @@ async def test_an_answer_sent_after_the_cancellation_is_relayed_but_not_recorded
     # would become its result: `result` not None), or swallows or rewrites the
     # late answer instead of relaying it.
     config = write_config(tmp_path / "bb.yml", redis_url)
-    proxy = await start_proxy(
+    async with raw_proxy(
         "-c", str(config), "--session", session_name, "--", PY, "-c", LATE_SERVER,
-        stderr=tmp_path / "stderr",
-    )  # fmt: skip
-    assert proxy.stdin is not None and proxy.stdout is not None
-    stdin, stdout = proxy.stdin, proxy.stdout
-
-    async def send(message: dict[str, Any]) -> None:
-        stdin.write(json.dumps(message).encode() + b"\n")
-        await stdin.drain()
-
-    async def receive() -> bytes:
-        return await asyncio.wait_for(stdout.readline(), CALL_TIMEOUT)
-
-    try:
-        await send({"jsonrpc": "2.0", "id": 1, "method": "initialize",
-                    "params": {"protocolVersion": "2025-06-18", "capabilities": {},
-                               "clientInfo": {"name": "raw", "version": "1"}}})  # fmt: skip
-        assert json.loads(await receive())["id"] == 1
+        stderr=tmp_path / "stderr", protocol="2025-06-18",
+    ) as (send, receive, proxy):  # fmt: skip
         await send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         await send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
                     "params": {"name": "hold", "arguments": {"seconds": 5}}})  # fmt: skip
@@ -583,10 +606,7 @@ async def test_an_answer_sent_after_the_cancellation_is_relayed_but_not_recorded
                     "params": {"name": "lookup", "arguments": {"key": "k"}}})  # fmt: skip
         answered = await receive()
         after = await wait_for_steps(guard_state, session_name, 2, results=True)
-        stdin.close()
-        assert await asyncio.wait_for(proxy.wait(), CALL_TIMEOUT) == 0
-    finally:
-        await stop(proxy)
+        assert await closed(proxy) == 0
     late_line = {"jsonrpc": "2.0", "id": 2,
                  "result": {"content": [{"type": "text", "text": "late answer"}]}}  # fmt: skip
     assert late == json.dumps(late_line).encode() + b"\n"  # relayed as it came
@@ -690,9 +710,9 @@ async def test_bad_command_lines_exit_2_with_a_message(tmp_path: Path) -> None:
 # -- 6. one session across proxies --------------------------------------------------
 
 
-def search_call(rid: int) -> dict[str, Any]:
+def search_call(rid: int, query: str = "tide tables") -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": rid, "method": "tools/call",
-            "params": {"name": "search", "arguments": {"query": "tide tables"}}}  # fmt: skip
+            "params": {"name": "search", "arguments": {"query": query}}}  # fmt: skip
 
 
 def batch_answers(line: bytes) -> dict[Any, Any]:
@@ -713,40 +733,27 @@ async def test_a_batch_of_tool_calls_is_guarded_call_by_call_over_stdio(
     # no answer, or if the results of the server's batch are not recorded.
     config = write_config(tmp_path / "bb.yml", redis_url)
     counter = tmp_path / "count"
-    proxy = await start_proxy(
+    async with raw_proxy(
         "-c", str(config), "--profile", "tight", "--session", session_name,
-        "--", PY, "-c", BATCH_SERVER, stderr=tmp_path / "stderr", COUNTER_FILE=str(counter),
-    )  # fmt: skip
-    assert proxy.stdin is not None and proxy.stdout is not None
-    stdin, stdout = proxy.stdin, proxy.stdout
-
-    async def send(message: Any) -> None:
-        stdin.write(json.dumps(message).encode() + b"\n")
-        await stdin.drain()
-
-    async def receive() -> bytes:
-        return await asyncio.wait_for(stdout.readline(), CALL_TIMEOUT)
-
-    try:
-        await send({"jsonrpc": "2.0", "id": 1, "method": "initialize",
-                    "params": {"protocolVersion": "2025-03-26", "capabilities": {},
-                               "clientInfo": {"name": "raw", "version": "1"}}})  # fmt: skip
-        assert json.loads(await receive())["id"] == 1
+        "--", PY, "-c", BATCH_SERVER, stderr=tmp_path / "stderr", protocol="2025-03-26",
+        COUNTER_FILE=str(counter),
+    ) as (send, receive, proxy):  # fmt: skip
         # identical: block_at 2: the first search runs, the two after it do not.
         await send([search_call(2), search_call(3), search_call(4)])
         blocked, answered = batch_answers(await receive()), batch_answers(await receive())
         state = await wait_for_steps(guard_state, session_name, 1, results=True)
-        # A batch with nothing to block goes as it came.
-        await send([{"jsonrpc": "2.0", "method": "notifications/initialized"}])
-        stdin.close()
-        assert await asyncio.wait_for(proxy.wait(), CALL_TIMEOUT) == 0
-    finally:
-        await stop(proxy)
+        # Nothing to block: the server runs it, its answer comes as it was sent.
+        await send([search_call(5, "moon"), {"jsonrpc": "2.0", "method": "notifications/x"}])
+        unblocked = await receive()
+        assert await closed(proxy) == 0
+    moon = [{"jsonrpc": "2.0", "id": 5,
+             "result": {"content": [{"type": "text", "text": "no results for moon"}]}}]  # fmt: skip
+    assert unblocked == json.dumps(moon).encode() + b"\n"
     assert sorted(blocked) == [3, 4]
     for is_error, said in blocked.values():
         assert is_error and len(said) == 1 and said[0].startswith(NOTE + "You called search")
     assert answered == {2: (False, ["no results for tide tables"])}
-    assert count(counter) == 1
+    assert count(counter) == 2  # the first search, and the moon
     assert state["steps"] == 1 and state["blocked"] == 2
     assert state["recent_calls"][0]["result"] is not None  # from the server's batch
 
