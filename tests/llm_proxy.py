@@ -30,6 +30,8 @@ WEATHER_TOOL = {
         },
     },
 }
+# The same tool as the Responses API takes it (no "function" wrapper).
+WEATHER_TOOL_RESPONSES = {"type": "function", **WEATHER_TOOL["function"]}  # type: ignore[dict-item]
 WEATHER_TOOL_ANTHROPIC = {
     "name": "get_weather",
     "description": "Current weather in a city",
@@ -128,6 +130,41 @@ async def openai_agent(
             args = json.loads(call["function"]["arguments"])
             messages.append(
                 {"role": "tool", "tool_call_id": call["id"], "content": weather(**args)}
+            )
+            ran += 1
+    raise AssertionError(f"the agent never answered in {turns} turns ({ran} tools ran)")
+
+
+async def responses_agent(
+    client: openai.AsyncOpenAI, question: str, *, stream: bool = False, turns: int = 40
+) -> tuple[str, int]:
+    """The tool loop of OpenAI's function-calling guide on the Responses API:
+    the input list grows by each response's output items and a
+    `function_call_output` per call, until the model answers."""
+    items: list[Any] = [{"role": "user", "content": question}]
+    ran = 0
+    for _ in range(turns):
+        if stream:
+            response = None
+            events = await client.responses.create(
+                model="gpt-test", input=items, tools=[WEATHER_TOOL_RESPONSES], stream=True
+            )
+            async for event in events:
+                if event.type == "response.completed":
+                    response = event.response
+            assert response is not None, "the stream ended without response.completed"
+        else:
+            response = await client.responses.create(
+                model="gpt-test", input=items, tools=[WEATHER_TOOL_RESPONSES]
+            )
+        items += [item.model_dump(exclude_none=True) for item in response.output]
+        calls = [item for item in response.output if item.type == "function_call"]
+        if not calls:
+            return response.output_text, ran
+        for call in calls:
+            args = json.loads(call.arguments)
+            items.append(
+                {"type": "function_call_output", "call_id": call.call_id, "output": weather(**args)}
             )
             ran += 1
     raise AssertionError(f"the agent never answered in {turns} turns ({ran} tools ran)")

@@ -26,13 +26,15 @@ from tests.llm_proxy import (
     openai_client,
     proxy_daemon,
     refused_by_both,
+    responses_agent,
 )
 
-NONE = {"openai": "none", "anthropic": {"type": "none"}}  # tool_choice, as each API spells it
+# tool_choice, as each API spells it
+NONE = {"openai": "none", "responses": "none", "anthropic": {"type": "none"}}
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-@pytest.mark.parametrize("api", ["openai", "anthropic"])
+@pytest.mark.parametrize("api", ["openai", "responses", "anthropic"])
 async def test_the_sdks_tool_loop_ends_with_an_answer(
     redis_url: str, key_prefix: str, api: str, stream: bool
 ) -> None:
@@ -42,6 +44,9 @@ async def test_the_sdks_tool_loop_ends_with_an_answer(
             if api == "openai":
                 client = openai_client(f"{url}/llm/openai/v1")
                 answer, ran = await openai_agent(client, "Weather in Brest?", stream=stream)
+            elif api == "responses":
+                client = openai_client(f"{url}/llm/openai/v1")
+                answer, ran = await responses_agent(client, "Weather in Brest?", stream=stream)
             else:
                 aclient = anthropic_client(f"{url}/llm/anthropic")
                 answer, ran = await anthropic_agent(aclient, "Weather in Brest?", stream=stream)
@@ -55,19 +60,25 @@ async def test_the_sdks_tool_loop_ends_with_an_answer(
 # -- what the guard's decisions do to the request ---------------------------------
 
 
-async def test_a_warning_is_a_note_and_tools_stay_on(redis_url: str, key_prefix: str) -> None:
+@pytest.mark.parametrize("api", ["openai", "responses"])
+async def test_a_warning_is_a_note_and_tools_stay_on(
+    redis_url: str, key_prefix: str, api: str
+) -> None:
+    agent, items = (openai_agent, "messages") if api == "openai" else (responses_agent, "input")
     async with FakeLLM() as llm:
         llm.default = repeat_tool_call("get_weather", {"city": "Brest"}, otherwise="Grey.")
         async with proxy_daemon(llm, redis_url, key_prefix) as (_, url):
-            await openai_agent(openai_client(f"{url}/llm/openai/v1"), "Weather in Brest?")
+            await agent(openai_client(f"{url}/llm/openai/v1"), "Weather in Brest?")
+    route = "/v1/chat/completions" if api == "openai" else "/v1/responses"
+    assert [c.path for c in llm.calls] == [route] * 5
     # The 3rd identical call (sent back with the 4th request) is a warning.
     warned = llm.calls[3].body
     assert warned is not None and "tool_choice" not in warned
-    note = warned["messages"][-1]
+    note = warned[items][-1]
     assert note["role"] == "system"
     assert note["content"].startswith("botbouncer (loop guard): You called get_weather")
     # The request before it went out as the agent sent it: no note.
-    assert all(m["role"] != "system" for m in llm.calls[2].messages)
+    assert all(m.get("role") != "system" for m in llm.calls[2].body[items])  # type: ignore[index]
 
 
 async def test_warn_note_off_forwards_warned_requests_untouched(
@@ -95,18 +106,21 @@ async def test_block_mode_stop_answers_without_the_model(
             a_answer, a_ran = await anthropic_agent(
                 anthropic_client(f"{url}/llm/anthropic"), "Brest?", stream=stream
             )
+            r_answer, r_ran = await responses_agent(
+                openai_client(f"{url}/llm/openai/v1"), "Brest?", stream=stream
+            )
     # The model (which never stops asking) was called 4 times per agent: the
     # 5th request was answered by the proxy.
-    assert (ran, a_ran) == (4, 4)
-    assert llm.count == 8
-    for text in (answer, a_answer):
+    assert (ran, a_ran, r_ran) == (4, 4, 4)
+    assert llm.count == 12
+    for text in (answer, a_answer, r_answer):
         assert text.startswith("[botbouncer (loop guard): identical_call] You called get_weather")
 
 
 # -- budgets -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("api", ["openai", "anthropic"])
+@pytest.mark.parametrize("api", ["openai", "responses", "anthropic"])
 async def test_a_spent_budget_is_a_429_the_sdk_does_not_retry(
     redis_url: str, key_prefix: str, api: str
 ) -> None:
@@ -121,6 +135,12 @@ async def test_a_spent_budget_is_a_429_the_sdk_does_not_retry(
                     model="m", messages=[{"role": "user", "content": "hi"}], extra_headers=headers
                 )
                 refused: type[Exception] = openai.RateLimitError
+            elif api == "responses":
+                client = openai_client(f"{url}/llm/openai/v1", max_retries=2)
+                ask = lambda: client.responses.create(  # noqa: E731
+                    model="m", input="hi", extra_headers=headers
+                )
+                refused = openai.RateLimitError
             else:
                 aclient = anthropic_client(f"{url}/llm/anthropic", max_retries=2)
                 ask = lambda: aclient.messages.create(  # noqa: E731
@@ -134,7 +154,8 @@ async def test_a_spent_budget_is_a_429_the_sdk_does_not_retry(
             with pytest.raises(refused) as caught:
                 await ask()
             state = await d.guard.state("budget-run-1")
-            refusals = d.metrics.llm_requests.labels(api, "budget_exhausted")._value.get()
+            name = "anthropic" if api == "anthropic" else "openai"  # the config's section
+            refusals = d.metrics.llm_requests.labels(name, "budget_exhausted")._value.get()
     assert llm.count == 3  # the 4th never reached the model
     assert refusals == 1  # and the SDK did not ask again (x-should-retry: false)
     err = caught.value

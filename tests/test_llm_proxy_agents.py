@@ -1,11 +1,12 @@
 """The LLM API proxy under the OpenAI Agents SDK (`openai-agents`, import name
 `agents`), the loop users actually run: `Runner.run` / `Runner.run_streamed`
-over `OpenAIChatCompletionsModel`, pointed at the daemon in front of a fake
-upstream (tests/fakes/llm).
+over `OpenAIChatCompletionsModel`, and the looping agent also over the SDK's
+default `OpenAIResponsesModel` (the Responses API), pointed at the daemon in
+front of a fake upstream (tests/fakes/llm).
 
 Why this SDK: it is OpenAI's own agent framework and a thin layer over the
-`openai` client (Chat Completions here, not the Responses API), so the
-requests it sends are the ones the proxy was written for, and a failure
+`openai` client, so the requests it sends are the ones the proxy was
+written for, and a failure
 points at the proxy rather than at an adapter in between. Its Runner is the
 loop agents are built on: a looping model must end in a final answer there,
 with no change to the agent, and a legitimate long run must go through
@@ -25,7 +26,9 @@ import pytest
 from agents import (
     Agent,
     FunctionTool,
+    Model,
     OpenAIChatCompletionsModel,
+    OpenAIResponsesModel,
     RunConfig,
     Runner,
     function_tool,
@@ -43,8 +46,12 @@ MAX_TURNS = 30
 FINAL = "Brest is grey, 11 C; I will not look again."
 
 
-def model_for(base_url: str, **client: Any) -> OpenAIChatCompletionsModel:
+def model_for(base_url: str, api: str = "chat", **client: Any) -> Model:
+    """The SDK's model on the Chat Completions API, or (`api="responses"`) on
+    the Responses API, the SDK's default."""
     oa = openai.AsyncOpenAI(base_url=base_url, api_key="sk-test", max_retries=0, **client)
+    if api == "responses":
+        return OpenAIResponsesModel(model="gpt-test", openai_client=oa)
     return OpenAIChatCompletionsModel(model="gpt-test", openai_client=oa)
 
 
@@ -62,9 +69,10 @@ def samples(daemon: Daemon, metric: str) -> dict[tuple[str, ...], float]:
 # -- 1. a looping agent ends with an answer ------------------------------------
 
 
+@pytest.mark.parametrize("api", ["chat", "responses"])
 @pytest.mark.parametrize("streamed", [False, True], ids=["run", "run_streamed"])
 async def test_agents_sdk_looping_agent_ends_with_an_answer(
-    redis_url: str, key_prefix: str, streamed: bool
+    redis_url: str, key_prefix: str, streamed: bool, api: str
 ) -> None:
     """The model asks for get_weather("Brest") on every turn until it is told
     tools are off. Through the proxy the Runner's loop ends on its own with
@@ -91,7 +99,7 @@ async def test_agents_sdk_looping_agent_ends_with_an_answer(
                 name="weather",
                 instructions="Answer questions about the weather.",
                 tools=[get_weather],
-                model=model_for(f"{url}/llm/openai/v1"),
+                model=model_for(f"{url}/llm/openai/v1", api),
             )
             question = "Weather in Brest?"
             if streamed:
@@ -114,6 +122,8 @@ async def test_agents_sdk_looping_agent_ends_with_an_answer(
     # the 4th blocks. That block is seen on the 5th request, which goes out
     # with tool_choice "none" and gets the answer: 4 tool runs, 5 model calls.
     assert ran == ["Brest"] * 4
+    route = "/v1/responses" if api == "responses" else "/v1/chat/completions"
+    assert [c.path for c in llm.calls] == [route] * 5
     assert llm.count == 5 == len(result.raw_responses)
     assert len(result.raw_responses) < MAX_TURNS
     assert llm.calls[-1].tool_choice == "none"

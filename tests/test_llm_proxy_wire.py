@@ -211,3 +211,100 @@ def test_the_proxy_pages_configs_are_valid_configs(page: str) -> None:
     assert blocks
     for block in blocks:
         parse_config(block, env={})  # raises ConfigError naming the key
+
+
+# -- the Responses API ---------------------------------------------------------------
+
+RESPONSES_OUTPUT: list[dict[str, Any]] = [
+    {"type": "reasoning", "id": "rs_1", "summary": []},
+    {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "get_weather",
+     "arguments": '{"city": "Brest"}', "status": "completed"},
+    {"type": "custom_tool_call", "id": "ctc_1", "call_id": "call_2", "name": "shell",
+     "input": "ls -l"},
+]  # fmt: skip
+RESPONSES_HISTORY: dict[str, Any] = {
+    "model": "m",
+    "instructions": "You are terse.",
+    "input": [
+        {"role": "user", "content": "Weather in Brest?"},
+        *RESPONSES_OUTPUT,
+        {"type": "function_call_output", "call_id": "call_1", "output": "grey"},
+        {"type": "custom_tool_call_output", "call_id": "call_2",
+         "output": [{"type": "input_text", "text": "total 0"}]},
+        {"type": "function_call_output", "call_id": "call_unknown", "output": "orphan"},
+    ],
+    "tools": [{"type": "function", "name": "get_weather", "parameters": {}}],
+}  # fmt: skip
+
+
+def test_responses_tool_events_pair_outputs_with_their_calls() -> None:
+    from gateway.llmproxy.responses import Responses
+
+    events = Responses().tool_events(RESPONSES_HISTORY)
+    assert [(e.key, e.kind, e.tool, e.args, e.output) for e in events] == [
+        ("step:call_1", "step", "get_weather", {"city": "Brest"}, None),
+        ("step:call_2", "step", "shell", "ls -l", None),
+        ("result:call_1", "result", "get_weather", None, "grey"),
+        ("result:call_2", "result", "shell", None, "total 0"),
+    ]  # the orphan output has no call to pair with: not fed
+    assert Responses().tool_events({"model": "m", "input": "hi"}) == []
+
+
+def test_responses_anchor_from_an_answer_whole_or_streamed_is_its_historys() -> None:
+    # Breaks if the answer's anchor (whole, or from response.completed in a
+    # stream) differs from the one the next request's history gives: every
+    # request would then be a conversation's first, and nothing would be fed.
+    from gateway.llmproxy.responses import Responses
+
+    d = Responses()
+    expected = d.anchor(RESPONSES_HISTORY)
+    assert expected == "ids:call_1,call_2"
+    answer = {"object": "response", "output": RESPONSES_OUTPUT,
+              "usage": {"input_tokens": 9, "output_tokens": 4}}  # fmt: skip
+    whole = WholeTap(d)
+    whole.feed(json.dumps(answer).encode())
+    whole.done()
+    streamed = d.stream_tap({"stream": True})
+    events = [{"type": "response.created", "response": {**answer, "output": [], "usage": None}},
+              {"type": "response.completed", "response": answer}]  # fmt: skip
+    raw = b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events)
+    assert b"".join(streamed.feed(raw[i : i + 7]) for i in range(0, len(raw), 7)) == raw
+    streamed.done()
+    for tap in (whole, streamed):
+        assert tap.anchor == expected
+        assert (tap.usage.input_tokens, tap.usage.output_tokens) == (9, 4)
+    grey = {"role": "assistant", "content": [{"type": "output_text", "text": "Grey."}]}
+    later = {**RESPONSES_HISTORY, "input": [*RESPONSES_HISTORY["input"], grey]}
+    same = fingerprint(d, RESPONSES_HISTORY, "k", expected)
+    assert same is not None and fingerprint(d, later, "k", d.anchor(later)) == same
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_final_answer_and_note_as_the_sdk_reads_them(stream: bool) -> None:
+    import openai
+    from openai.types.responses import Response, ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    from gateway.llmproxy.responses import Responses
+
+    d = Responses()
+    body = {**RESPONSES_HISTORY, "stream": stream}
+    raw, kind = d.final_answer(body, "Stopped: grey.")
+    if stream:
+        assert kind == "text/event-stream"
+        events = [TypeAdapter(ResponseStreamEvent).validate_json(line[6:])
+                  for line in raw.decode().splitlines() if line.startswith("data: ")]  # fmt: skip
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        done = events[-1]
+        assert done.type == "response.completed"
+        response = done.response
+    else:
+        assert kind == "application/json"
+        response = Response.model_validate_json(raw)
+    assert response.output_text == "Stopped: grey." and response.status == "completed"
+    noted = d.with_note({"model": "m", "input": "hi", "tools": [{}]}, "note", True)
+    assert noted["input"] == [{"role": "user", "content": "hi"},
+                              {"role": "system", "content": "note"}]  # fmt: skip
+    assert noted["tool_choice"] == "none"
+    err = json.loads(d.error(429, "spent", "budget_exhausted"))
+    assert err["error"]["type"] == "insufficient_quota" and openai.RateLimitError

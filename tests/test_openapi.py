@@ -183,7 +183,8 @@ def _routes(app_routes: Any) -> set[tuple[str, str]]:
 def test_every_route_of_the_server_is_documented_and_nothing_else() -> None:
     daemon = Daemon(parse_config(CONFIG))
     # The proxy's guarded routes are served by its catch-all ones.
-    guarded = {("POST", "/llm/openai/v1/chat/completions"), ("POST", "/llm/anthropic/v1/messages")}
+    guarded = {("POST", "/llm/openai/v1/chat/completions"), ("POST", "/llm/openai/v1/responses"),
+               ("POST", "/llm/anthropic/v1/messages")}  # fmt: skip
     assert guarded <= _documented()
     assert _routes(daemon.server.app.router.routes()) == _documented() - guarded
 
@@ -286,6 +287,8 @@ CASES: list[tuple[str, str, dict[str, str], Any]] = [
     # the LLM proxy, its upstream (port 9) unreachable
     ("POST", "/llm/openai/v1/chat/completions", {}, {"model": "m", "messages": []}),
     ("POST", "/llm/openai/v1/chat/completions", {"X-Botbouncer-Session": "a b"}, {"model": "m"}),
+    ("POST", "/llm/openai/v1/responses", {}, {"model": "m", "input": "hi"}),
+    ("POST", "/llm/openai/v1/responses", {"X-Botbouncer-Session": "a b"}, {"model": "m"}),
     ("POST", "/llm/anthropic/v1/messages", {}, {"model": "m", "messages": []}),
     ("POST", "/llm/anthropic/v1/messages", {"X-Botbouncer-Session": "a b"}, {"model": "m"}),
     ("GET", "/llm/openai/models", {}, None),

@@ -12,8 +12,8 @@ from typing import Any
 from gateway.llmproxy.wire import (
     Anchor,
     Dialect,
+    EventTap,
     Json,
-    SseReader,
     Tap,
     ToolEvent,
     count,
@@ -52,29 +52,16 @@ def _anchor_blocks(anchor: Anchor, blocks: list[Json]) -> None:
             anchor.text.append(b["text"])
 
 
-class AnthropicStreamTap(Tap):
+class AnthropicStreamTap(EventTap):
     """`event: <type>` / `data: {...}` events, passed through as they come:
     usage from message_start (input) and message_delta (output so far), the
     anchor from the tool_use blocks' ids and the text deltas."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._sse = SseReader()
         self._anchor = Anchor()
 
-    def feed(self, chunk: bytes) -> bytes:
-        for _raw, data in self._sse.feed(chunk):
-            if data is None:
-                continue
-            try:
-                event = json.loads(data)
-            except ValueError:
-                continue
-            if isinstance(event, dict):
-                self._read(event)
-        return chunk
-
-    def _read(self, event: Json) -> None:
+    def read(self, event: Json) -> None:
         kind = event.get("type")
         if kind == "message_start" and isinstance(event.get("message"), dict):
             usage = event["message"].get("usage")

@@ -252,8 +252,11 @@ class OpenAI(Dialect):
         return b"".join(parts), "text/event-stream"
 
     def error(self, status: int, message: str, code: str) -> bytes:
-        kind = _ERROR_TYPES.get(
-            status, "server_error" if status >= 500 else "invalid_request_error"
-        )
-        err = {"message": message, "type": kind, "param": None, "code": code}
-        return json.dumps({"error": err}).encode()
+        return error(status, message, code)
+
+
+def error(status: int, message: str, code: str) -> bytes:
+    """An error as OpenAI's APIs write one (Chat Completions and Responses alike)."""
+    kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    err = {"message": message, "type": kind, "param": None, "code": code}
+    return json.dumps({"error": err}).encode()

@@ -8,9 +8,14 @@ from typing import Any
 
 from gateway.llmproxy.session import HEADER
 
-GUARDED = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages"}
+# The watched routes: (API section, route under its path, what it is, operationId).
+GUARDED = [
+    ("openai", "/v1/chat/completions", "OpenAI Chat Completions", "llmProxyOpenai"),
+    ("openai", "/v1/responses", "OpenAI Responses", "llmProxyOpenaiResponses"),
+    ("anthropic", "/v1/messages", "Anthropic Messages", "llmProxyAnthropic"),
+]
 PREFIX = {"openai": "/llm/openai", "anthropic": "/llm/anthropic"}
-_TITLE = {"openai": "OpenAI Chat Completions", "anthropic": "Anthropic Messages"}
+_TITLE = {"openai": "OpenAI", "anthropic": "Anthropic"}
 _ERROR = {"openai": "OpenAIError", "anthropic": "AnthropicError"}
 
 SCHEMAS: dict[str, Any] = {
@@ -50,10 +55,10 @@ def _error(api: str, text: str) -> dict[str, Any]:
     return {"description": text, "content": {"application/json": {"schema": ref}}}
 
 
-def _model_call(api: str) -> dict[str, Any]:
+def _model_call(api: str, title: str, operation: str) -> dict[str, Any]:
     return {
-        "operationId": f"llmProxy{api.capitalize()}",
-        "summary": f"{_TITLE[api]} through the guard: the history's new tool calls and "
+        "operationId": operation,
+        "summary": f"{title} through the guard: the history's new tool calls and "
         "results are fed to it, a loop it blocks ends with an answer",
         "parameters": [
             {
@@ -102,7 +107,7 @@ def _model_call(api: str) -> dict[str, Any]:
 def _passthrough(api: str, method: str) -> dict[str, Any]:
     return {
         "operationId": f"llmProxy{api.capitalize()}{method.capitalize()}",
-        "summary": f"Any other {_TITLE[api].split()[0]} API request (models, files, ...), "
+        "summary": f"Any other {_TITLE[api]} API request (models, files, ...), "
         "forwarded as it came",
         "parameters": [
             {"name": "tail", "in": "path", "required": True, "schema": {"type": "string"}}
@@ -118,8 +123,9 @@ def _passthrough(api: str, method: str) -> dict[str, Any]:
 
 def paths() -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for api in ("openai", "anthropic"):
-        out[PREFIX[api] + GUARDED[api]] = {"post": _model_call(api)}
+    for api, route, title, operation in GUARDED:
+        out[PREFIX[api] + route] = {"post": _model_call(api, title, operation)}
+    for api in PREFIX:
         out[PREFIX[api] + "/{tail}"] = {
             "get": _passthrough(api, "get"),
             "post": _passthrough(api, "post"),

@@ -1,8 +1,9 @@
 """The proxy's routes on the daemon's HTTP server (docs/llm-proxy.md).
 
-`{path}/v1/chat/completions` (OpenAI) and `{path}/v1/messages` (Anthropic)
-are watched; every other request under `{path}` (`/v1/models`, files,
-embeddings...) is forwarded as it came. A watched request:
+`{path}/v1/chat/completions` and `{path}/v1/responses` (OpenAI) and
+`{path}/v1/messages` (Anthropic) are watched; every other request under
+`{path}` (`/v1/models`, files, embeddings...) is forwarded as it came. A
+watched request:
 
 1. names its session (gateway/llmproxy/session.py) and feeds the tool calls
    and results the guard has not seen, oldest first, as `step` and `result`
@@ -43,6 +44,7 @@ from gateway.inflight import InFlight, ShuttingDown
 from gateway.llmproxy import session as sessions
 from gateway.llmproxy.anthropic import Anthropic
 from gateway.llmproxy.openai import OpenAI
+from gateway.llmproxy.responses import Responses
 from gateway.llmproxy.wire import HOP_BY_HOP, Dialect, Json, Tap, ToolEvent, Usage, WholeTap
 from gateway.metrics import Metrics
 from gateway.store import Store, StoreError
@@ -124,9 +126,12 @@ class LlmProxy:
             )
         return self._client
 
-    def _api(self, name: str) -> tuple[ApiConfig | None, Dialect]:
+    def _api(self, name: str, tail: str = "") -> tuple[ApiConfig | None, Dialect]:
+        """The API's configuration, and the dialect of the route `tail` under it."""
         if name == "openai":
             oa = self.config.openai
+            if tail == Responses.model_path:
+                return oa, Responses()
             return oa, OpenAI(stream_usage=oa.stream_usage if oa is not None else True)
         return self.config.anthropic, Anthropic()
 
@@ -141,10 +146,10 @@ class LlmProxy:
             return self._error(self._api(name)[1], 503, exc.public(), "shutting_down")
 
     async def _proxy(self, request: web.Request, name: str) -> web.StreamResponse:
-        api, dialect = self._api(name)
+        tail = "/" + request.match_info["tail"]
+        api, dialect = self._api(name, tail)
         if api is None:  # removed by a reload: the route stays until restart
             return self._error(dialect, 404, f"the {name} API is no longer configured", "not_found")
-        tail = "/" + request.match_info["tail"]
         try:
             raw = await self._read(request)
         except TooLarge as exc:

@@ -159,6 +159,30 @@ class Tap(ABC):
         return b""
 
 
+class EventTap(Tap):
+    """A stream of SSE events whose data are JSON objects, passed on as they
+    came; `read` sees each object."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._sse = SseReader()
+
+    def feed(self, chunk: bytes) -> bytes:
+        for _raw, data in self._sse.feed(chunk):
+            if data is None:
+                continue
+            try:
+                event = json.loads(data)
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                self.read(event)
+        return chunk
+
+    @abstractmethod
+    def read(self, event: Json) -> None: ...
+
+
 class WholeTap(Tap):
     """A JSON answer: read once it is whole (it passes on as it arrives)."""
 

@@ -1,6 +1,7 @@
 """The real `openai` and `anthropic` SDKs talk to the fake LLM upstream:
 agent loops with tool calls, whole and streamed, usage, errors as the SDKs'
-own exceptions, and the recording of what they sent."""
+own exceptions, and the recording of what they sent. OpenAI's Responses API
+too, and the OpenAI Agents SDK on its default (Responses) model."""
 
 from __future__ import annotations
 
@@ -13,6 +14,14 @@ import aiohttp
 import anthropic
 import openai
 import pytest
+from agents import (
+    Agent,
+    OpenAIResponsesModel,
+    RunConfig,
+    Runner,
+    function_tool,
+    set_tracing_disabled,
+)
 
 from tests.fakes.llm import (
     Call,
@@ -20,6 +29,8 @@ from tests.fakes.llm import (
     Reply,
     ToolCall,
     answer,
+    no_choices,
+    reasoning,
     repeat_tool_call,
     respond,
     slow,
@@ -41,6 +52,18 @@ OPENAI_TOOLS: list[Any] = [
                 "properties": {"city": {"type": "string"}},
                 "required": ["city"],
             },
+        },
+    }
+]
+RESPONSES_TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
         },
     }
 ]
@@ -264,6 +287,309 @@ async def test_openai_key_and_models(llm: FakeLLM, oai: openai.AsyncOpenAI) -> N
     assert [(c.method, c.path, c.behaviour) for c in llm.calls] == [
         ("GET", "/v1/models", "models"),
         ("POST", "/v1/chat/completions", "unauthorized"),
+    ]
+
+
+# --- OpenAI Responses -----------------------------------------------------------------
+
+
+def summary(resp: Any) -> list[tuple[str, ...]]:
+    """A Response's output as (type, text) and (type, call_id, name, arguments)."""
+    out: list[tuple[str, ...]] = []
+    for item in resp.output:
+        if item.type == "message":
+            out.append((item.type, "".join(c.text for c in item.content)))
+        else:
+            assert item.type == "function_call"
+            out.append((item.type, item.call_id, item.name, item.arguments))
+    return out
+
+
+async def test_responses_whole_text_and_tool_calls(llm: FakeLLM, oai: openai.AsyncOpenAI) -> None:
+    llm.then(
+        answer("Paris is sunny."),
+        tool_call("get_weather", {"city": "Paris"}, text="Let me look."),
+        tool_call("get_weather", {"city": "Oslo"}, id="call_mine"),
+    )
+    r = await oai.responses.create(model="gpt-test", input="Weather?", instructions="Be brief.")
+    assert r.output_text == "Paris is sunny."
+    assert (r.object, r.status, r.model, r.instructions) == (
+        "response",
+        "completed",
+        "gpt-test",
+        "Be brief.",
+    )
+    assert r.id.startswith("resp_fake_") and r.created_at > 0 and r.error is None
+    assert [o.type for o in r.output] == ["message"]
+    message = r.output[0]
+    assert message.type == "message" and message.role == "assistant"
+    assert message.id.startswith("msg_fake_") and message.status == "completed"
+    assert r.usage is not None
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    assert r.usage.input_tokens > 0 and r.usage.output_tokens > 0
+    assert r.usage.input_tokens_details.cached_tokens == 0
+    assert r.usage.output_tokens_details.reasoning_tokens == 0
+
+    r = await oai.responses.create(
+        model="gpt-test", input="Weather in Paris?", tools=RESPONSES_TOOLS, temperature=0.5
+    )
+    assert [o.type for o in r.output] == ["message", "function_call"]
+    assert r.output_text == "Let me look."
+    fc = r.output[1]
+    assert fc.type == "function_call" and fc.name == "get_weather"
+    assert fc.call_id.startswith("call_fake_") and fc.id and fc.id.startswith("fc_fake_")
+    assert json.loads(fc.arguments) == {"city": "Paris"} and fc.status == "completed"
+    assert (r.temperature, r.tool_choice, r.parallel_tool_calls) == (0.5, "auto", True)
+    assert [t.type == "function" and t.name for t in r.tools] == ["get_weather"]
+
+    r = await oai.responses.create(model="gpt-test", input="Oslo?", tools=RESPONSES_TOOLS)
+    assert summary(r) == [("function_call", "call_mine", "get_weather", '{"city":"Oslo"}')]
+    assert r.output_text == ""
+
+    assert llm.calls_to("responses") == llm.calls and llm.calls_to("openai") == []
+    assert all(c.api == "responses" and c.path == "/v1/responses" for c in llm.calls)
+    assert llm.calls[0].headers["authorization"] == "Bearer sk-test"
+    assert llm.calls[0].input == [{"role": "user", "content": "Weather?"}]
+    assert llm.calls[0].tools == [] and llm.calls[0].forbids_tools
+    assert llm.calls[1].tools[0]["name"] == "get_weather" and not llm.calls[1].forbids_tools
+
+
+RESPONSES_SCRIPTS = {
+    "text": answer("The weather in Paris: 20 C, sunny."),
+    "tool_call": tool_call(
+        "get_weather", {"city": "Paris", "units": "metric"}, text="Let me look.", id="call_1"
+    ),
+    "tool_calls": tool_calls(
+        ToolCall("get_weather", {"city": "Paris"}, id="call_a"),
+        ToolCall("get_weather", {"city": "Oslo"}, id="call_b"),
+    ),
+}
+
+
+@pytest.mark.parametrize("script", RESPONSES_SCRIPTS)
+async def test_responses_streamed_says_what_the_whole_response_says(
+    llm: FakeLLM, oai: openai.AsyncOpenAI, script: str
+) -> None:
+    """create(stream=True): the events in order, numbered, each delta on the
+    item its output_item.added opened; response.completed carries the same
+    output and usage as the whole answer (and responses.stream()'s final one)."""
+    behaviour = RESPONSES_SCRIPTS[script]
+    llm.then(behaviour, behaviour, behaviour)
+    ask: Any = {"model": "gpt-test", "input": "Weather in Paris?", "tools": RESPONSES_TOOLS}
+    whole = await oai.responses.create(**ask)
+    stream = await oai.responses.create(**ask, stream=True)
+    events = [event async for event in stream]
+
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == "response.completed" and kinds.count("response.completed") == 1
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    started = events[0].response
+    assert started.status == "in_progress" and started.output == [] and started.usage is None
+    final = events[-1].response
+    assert final.id == started.id and final.status == "completed"
+    assert summary(final) == summary(whole)
+    assert len(summary(whole)) == (1 if script == "text" else 2)
+    assert final.usage == whole.usage and final.usage is not None and final.usage.total_tokens > 1
+
+    opened = {e.item.id: e.output_index for e in events if e.type == "response.output_item.added"}
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [i.id for i in done] == list(opened) == [i.id for i in final.output]
+    text, arguments = "", dict[str, str]()
+    for e in events:
+        if e.type == "response.output_text.delta":
+            assert opened[e.item_id] == e.output_index and e.content_index == 0
+            text += e.delta
+        elif e.type == "response.function_call_arguments.delta":
+            assert opened[e.item_id] == e.output_index
+            arguments[e.item_id] = arguments.get(e.item_id, "") + e.delta
+        elif e.type == "response.function_call_arguments.done":
+            assert arguments[e.item_id] == e.arguments
+        elif e.type == "response.output_text.done":
+            assert e.text == text
+    assert text == whole.output_text
+    calls = [o for o in final.output if o.type == "function_call"]
+    assert [arguments[c.id or ""] for c in calls] == [c.arguments for c in calls]
+    if script == "tool_call":  # '{"city":"Paris","units":"metric"}' in 7-character fragments
+        assert kinds.count("response.function_call_arguments.delta") == 5
+        assert kinds.count("response.content_part.added") == 1
+
+    async with oai.responses.stream(**ask) as helper:
+        streamed = "".join(
+            [e.delta async for e in helper if e.type == "response.output_text.delta"]
+        )
+        final_response = await helper.get_final_response()
+    assert streamed == whole.output_text
+    assert summary(final_response) == summary(whole) and final_response.usage == whole.usage
+    assert [c.stream for c in llm.calls] == [False, True, True]
+
+
+async def test_responses_function_calling_loop_until_tools_are_forbidden(
+    llm: FakeLLM, oai: openai.AsyncOpenAI
+) -> None:
+    """The loop of OpenAI's function-calling guide (input_list += response.output,
+    then a function_call_output per call) against repeat_tool_call: the fake
+    reads each turn's tool results from the input items; tool_choice "none"
+    gets a text answer."""
+    llm.default = repeat_tool_call("get_weather", {"city": "Paris"})
+    input_list: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
+    call_ids = []
+    for _ in range(3):
+        response = await oai.responses.create(
+            model="gpt-test", tools=RESPONSES_TOOLS, input=input_list
+        )
+        input_list += response.output
+        calls = [item for item in response.output if item.type == "function_call"]
+        assert len(calls) == 1 and response.output_text == ""
+        for item in calls:
+            call_ids.append(item.call_id)
+            result = run_tool(item.name, json.loads(item.arguments))
+            input_list.append(
+                {"type": "function_call_output", "call_id": item.call_id, "output": result}
+            )
+    assert len(set(call_ids)) == 3 and all(i.startswith("call_fake_") for i in call_ids)
+    assert llm.last.tool_results == [(call_ids[0], "20 C, sunny"), (call_ids[1], "20 C, sunny")]
+    assert [len(c.input) for c in llm.calls] == [1, 3, 5]
+    assert llm.calls[1].input[1]["type"] == "function_call"
+    assert llm.calls[1].input[1]["call_id"] == call_ids[0]
+
+    response = await oai.responses.create(
+        model="gpt-test", tools=RESPONSES_TOOLS, input=input_list, tool_choice="none"
+    )
+    assert [o.type for o in response.output] == ["message"]
+    assert response.output_text == "I will stop calling tools now."
+    assert response.tool_choice == "none"
+    assert llm.last.tool_choice == "none" and llm.last.forbids_tools
+    assert [i for i, _ in llm.last.tool_results] == call_ids
+    assert (await oai.responses.create(model="m", input="x")).output_text.startswith("I will")
+
+    llm.default = repeat_tool_call("get_weather", {"city": "Paris"}, obey=False)
+    stream = await oai.responses.create(
+        model="m", tools=RESPONSES_TOOLS, input="x", tool_choice="none", stream=True
+    )
+    final = [e async for e in stream][-1]
+    assert final.type == "response.completed"
+    assert [o.type for o in final.response.output] == ["function_call"]  # a stubborn upstream
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["run", "run_streamed"])
+async def test_responses_agents_sdk_default_model(
+    llm: FakeLLM, oai: openai.AsyncOpenAI, streamed: bool
+) -> None:
+    """The OpenAI Agents SDK's default model, OpenAIResponsesModel: a tool
+    call, the tool run, then the answer ends the run."""
+    set_tracing_disabled(True)
+    ran: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        ran.append(city)
+        return WEATHER[city]
+
+    agent = Agent(
+        name="weather",
+        instructions="Answer about the weather.",
+        tools=[get_weather],
+        model=OpenAIResponsesModel(model="gpt-test", openai_client=oai),
+    )
+    llm.then(tool_call("get_weather", {"city": "Paris"}), answer("Paris: 20 C, sunny."))
+    config = RunConfig(tracing_disabled=True)
+    if streamed:
+        run = Runner.run_streamed(agent, "Weather in Paris?", run_config=config)
+        kinds = [event.type async for event in run.stream_events()]
+        assert "raw_response_event" in kinds
+        result: Any = run
+    else:
+        result = await Runner.run(agent, "Weather in Paris?", run_config=config)
+    assert result.final_output == "Paris: 20 C, sunny."
+    assert ran == ["Paris"]
+    assert llm.count == 2 and llm.calls_to("responses") == llm.calls
+    assert all(c.stream is streamed for c in llm.calls)
+    first, second = llm.calls
+    assert first.body is not None and first.body["instructions"] == "Answer about the weather."
+    assert first.body["model"] == "gpt-test" and first.tools[0]["name"] == "get_weather"
+    assert first.input == [{"role": "user", "content": "Weather in Paris?"}]
+    assert first.tool_results == []
+    (call_id, output), = second.tool_results  # fmt: skip
+    assert call_id.startswith("call_fake_") and output == "20 C, sunny"
+    usage = result.context_wrapper.usage
+    assert usage.requests == 2 and usage.input_tokens > 0 and usage.output_tokens > 0
+
+
+async def test_responses_errors_key_and_empty_answers(
+    llm: FakeLLM, oai: openai.AsyncOpenAI
+) -> None:
+    llm.then(status(429, "slow down"), status(400, "bad tools"), no_choices())
+    with pytest.raises(openai.RateLimitError) as rate:
+        await oai.responses.create(model="m", input="hi")
+    assert rate.value.body == {
+        "message": "slow down",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": None,
+    }
+    with pytest.raises(openai.BadRequestError, match="bad tools"):
+        await oai.responses.create(model="m", input="hi", stream=True)
+    empty = await oai.responses.create(model="m", input="hi")
+    assert (empty.status, empty.output, empty.output_text) == ("completed", [], "")
+    llm.require_key("sk-other")
+    with pytest.raises(openai.AuthenticationError):
+        await oai.responses.create(model="m", input="hi")
+    assert [(c.api, c.behaviour) for c in llm.calls] == [
+        ("responses", "status(429)"),
+        ("responses", "status(400)"),
+        ("responses", "no_choices()"),
+        ("responses", "unauthorized"),
+    ]
+
+
+async def test_responses_cut_off_by_max_output_tokens(
+    llm: FakeLLM, oai: openai.AsyncOpenAI
+) -> None:
+    """reasoning(): under max_output_tokens an incomplete response (streamed:
+    ending in response.incomplete, as the API does); else the word."""
+    llm.default = reasoning("REPLY")
+    cut = await oai.responses.create(model="m", input="hi", max_output_tokens=50)
+    assert cut.status == "incomplete" and cut.output_text == ""
+    assert cut.incomplete_details is not None
+    assert cut.incomplete_details.reason == "max_output_tokens"
+    stream = await oai.responses.create(model="m", input="hi", max_output_tokens=50, stream=True)
+    last = [e async for e in stream][-1]
+    assert last.type == "response.incomplete" and last.response.status == "incomplete"
+    full = await oai.responses.create(model="m", input="hi", max_output_tokens=1000)
+    assert full.status == "completed" and full.incomplete_details is None
+    assert full.output_text.startswith("<think>") and full.output_text.endswith("\nREPLY")
+
+
+async def test_responses_sse_framing_on_the_wire(llm: FakeLLM) -> None:
+    """Named events, each naming its data's type, numbered from 0, no [DONE]."""
+    llm.then(answer("one two"))
+    ask = {"model": "m", "input": "hi", "stream": True}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(llm.responses_url, json=ask) as resp,
+    ):
+        assert resp.content_type == "text/event-stream"
+        raw = await resp.text()
+    assert raw.endswith("\n\n") and "[DONE]" not in raw
+    events = []
+    for number, frame in enumerate(raw.strip().split("\n\n")):
+        name_line, data_line = frame.split("\n")
+        name, data = name_line.removeprefix("event: "), json.loads(data_line.removeprefix("data: "))
+        assert data["type"] == name and data["sequence_number"] == number
+        events.append((name, data.get("delta")))
+    assert events == [
+        ("response.created", None),
+        ("response.in_progress", None),
+        ("response.output_item.added", None),
+        ("response.content_part.added", None),
+        ("response.output_text.delta", "one "),
+        ("response.output_text.delta", "two"),
+        ("response.output_text.done", None),
+        ("response.content_part.done", None),
+        ("response.output_item.done", None),
+        ("response.completed", None),
     ]
 
 
@@ -552,7 +878,7 @@ async def test_sse_framing_on_the_wire(llm: FakeLLM) -> None:
 
 async def test_unknown_paths_are_recorded_and_refused(llm: FakeLLM) -> None:
     async with aiohttp.ClientSession() as session:
-        async with session.post(f"{llm.base_url}/responses", json={}) as resp:
+        async with session.post(f"{llm.base_url}/embeddings", json={}) as resp:
             assert resp.status == 404
             assert "Unknown request URL" in (await resp.json())["error"]["message"]
         headers = {"x-api-key": "k"}
@@ -560,6 +886,6 @@ async def test_unknown_paths_are_recorded_and_refused(llm: FakeLLM) -> None:
             assert resp.status == 404
             assert (await resp.json())["error"]["type"] == "not_found_error"
     assert [(c.method, c.path, c.api, c.behaviour) for c in llm.calls] == [
-        ("POST", "/v1/responses", "openai", "not_found"),
+        ("POST", "/v1/embeddings", "openai", "not_found"),
         ("GET", "/v1/files", "anthropic", "not_found"),
     ]

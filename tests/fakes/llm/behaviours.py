@@ -1,6 +1,6 @@
 """What the fake does with one request. Every behaviour answers in the shape
-of the API the request came in on (OpenAI or Anthropic), and streams when
-the body asks `stream: true`."""
+of the API the request came in on (OpenAI Chat Completions, Anthropic
+Messages or OpenAI Responses), and streams when the body asks `stream: true`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.fakes.llm import anthropic_wire, openai_wire
+from tests.fakes.llm import anthropic_wire, openai_wire, responses_wire
 from tests.fakes.llm.model import Api, Call, Json, Reply, ToolCall
 
 
@@ -45,6 +45,8 @@ class Behaviour:
 def error_response(api: Api, code: int, message: str, kind: str | None = None) -> web.Response:
     if api == "anthropic":
         return anthropic_wire.error(code, message, kind)
+    if api == "responses":
+        return responses_wire.error(code, message, kind)
     return openai_wire.error(code, message, kind)
 
 
@@ -55,6 +57,10 @@ async def render(ex: Exchange, reply: Reply) -> web.StreamResponse:
         if stream:
             return await anthropic_wire.stream(ex.request, ex.body, reply)
         return anthropic_wire.message(ex.body, reply)
+    if ex.api == "responses":
+        if stream:
+            return await responses_wire.stream(ex.request, ex.body, reply)
+        return responses_wire.response(ex.body, reply)
     if stream:
         return await openai_wire.stream(ex.request, ex.body, reply)
     return openai_wire.completion(ex.body, reply)
@@ -73,7 +79,8 @@ def answer(
     text: str, finish_reason: str = "stop", usage: tuple[int, int] | None = None
 ) -> Behaviour:
     """200 with an assistant message whose content is `text` (Anthropic: one
-    text block; finish_reason "stop" is stop_reason "end_turn")."""
+    text block, finish_reason "stop" is stop_reason "end_turn"; Responses: one
+    message item with one output_text, "length" is status "incomplete")."""
     return say(Reply(text, finish_reason=finish_reason, usage=usage), f"answer({text!r})")
 
 
@@ -86,9 +93,10 @@ def tool_call(
     usage: tuple[int, int] | None = None,
 ) -> Behaviour:
     """200 asking for one tool call (OpenAI: message.tool_calls, finish_reason
-    "tool_calls"; Anthropic: a tool_use block, stop_reason "tool_use"),
-    after `text` if given. Whatever the request offered: see repeat_tool_call
-    for a model that heeds tool_choice none."""
+    "tool_calls"; Anthropic: a tool_use block, stop_reason "tool_use";
+    Responses: a function_call item, `id` its call_id), after `text` if
+    given. Whatever the request offered: see repeat_tool_call for a model
+    that heeds tool_choice none."""
     call = ToolCall(name, {} if arguments is None else arguments, id)
     return say(Reply(text, (call,), usage=usage), f"tool_call({name!r}, {call.arguments!r})")
 
@@ -109,7 +117,7 @@ def repeat_tool_call(
     """The looping agent's upstream, for `llm.default`: the same tool call,
     with the same arguments (a fresh id each time), on every request. With
     `obey` a request that offers no tools or says tool_choice none
-    ("none" / {"type": "none"}) is answered with the text `otherwise` instead,
+    ("none" / {"type": "none"}, any API) is answered with the text `otherwise` instead,
     as a real model does; `obey=False` asks for the tool regardless."""
     call = ToolCall(name, {} if arguments is None else arguments)
     asking = Reply("", (call,))
@@ -143,12 +151,19 @@ def respond(fn: Responder, name: str | None = None) -> Behaviour:
 
 def reasoning(word: str, thinking_tokens: int = 300) -> Behaviour:
     """A reasoning model: it spends `thinking_tokens` before its word. Under
-    a smaller max_tokens it is cut off with nothing said (content "" and
-    finish_reason "length", as OpenAI's reasoning models answer); else its
-    thinking comes inline before the word, as some open models return it."""
+    a smaller max_tokens (max_completion_tokens, Responses' max_output_tokens)
+    it is cut off with nothing said (content "" and finish_reason "length", as
+    OpenAI's reasoning models answer; Responses: status "incomplete",
+    incomplete_details.reason "max_output_tokens", an empty output_text);
+    else its thinking comes inline before the word, as some open models return it."""
 
     async def run(ex: Exchange) -> web.StreamResponse:
-        budget = ex.body.get("max_tokens") or ex.body.get("max_completion_tokens") or 0
+        budget = (
+            ex.body.get("max_tokens")
+            or ex.body.get("max_completion_tokens")
+            or ex.body.get("max_output_tokens")
+            or 0
+        )
         if budget < thinking_tokens + 1:
             return await render(ex, Reply("", finish_reason="length"))
         thought = "<think>The user asks whether to REPLY. " + "hmm " * 20 + "</think>"
@@ -201,9 +216,13 @@ def malformed() -> Behaviour:
 
 def no_choices() -> Behaviour:
     """200 with a well-formed answer that says nothing: a chat.completion
-    whose `choices` is empty (Anthropic: a message whose `content` is empty)."""
+    whose `choices` is empty (Anthropic: a message whose `content` is empty;
+    Responses: a completed response whose `output` is empty)."""
 
     async def run(ex: Exchange) -> web.Response:
+        if ex.api == "responses":
+            usage = responses_wire.usage_json(1, 0)
+            return web.json_response(responses_wire.response_json(ex.body, [], usage=usage))
         if ex.api == "anthropic":
             usage = {"input_tokens": 1, "output_tokens": 0}
             return web.json_response(anthropic_wire.message_json(ex.body, [], "end_turn", usage))

@@ -1,8 +1,9 @@
 """What the fake LLM records and what it says, apart from any wire format.
 
-A `Reply` is one model turn (text and/or tool calls); `openai_wire` and
-`anthropic_wire` render it as a chat.completion or a Messages API message,
-whole or as an SSE stream. A `Call` is one recorded request.
+A `Reply` is one model turn (text and/or tool calls); `openai_wire`,
+`anthropic_wire` and `responses_wire` render it as a chat.completion, a
+Messages API message or a Responses API response, whole or as an SSE
+stream. A `Call` is one recorded request.
 """
 
 from __future__ import annotations
@@ -12,14 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Json = dict[str, Any]
-Api = Literal["openai", "anthropic"]
+Api = Literal["openai", "anthropic", "responses"]
 
 
 @dataclass(frozen=True)
 class ToolCall:
     """The model asks for tool `name` with `arguments` (a JSON object, or a
     string sent verbatim as the arguments text). `id` None: a fresh id per
-    response (`call_fake_N` / `toolu_fake_N`), as a real upstream gives."""
+    response (`call_fake_N` / `toolu_fake_N`), as a real upstream gives (the
+    Responses API's `call_id`; its item id is `fc_fake_N` either way)."""
 
     name: str
     arguments: Json | str = field(default_factory=dict)
@@ -67,6 +69,7 @@ class Reply:
             return self.usage
         said = self.text + "".join(t.name + t.arguments_json for t in self.tool_calls)
         asked = {k: body.get(k) for k in ("system", "messages", "tools")}
+        asked.update({k: body[k] for k in ("instructions", "input") if k in body})  # Responses
         return _estimate(json.dumps(asked)), _estimate(said)
 
 
@@ -81,7 +84,7 @@ class Call:
     body: Json | None  # the parsed JSON request body, None if it was not JSON (or a GET)
     headers: dict[str, str]  # keys lower-cased: headers["authorization"]
     behaviour: str  # Behaviour.name of what was answered, or "unauthorized" / "bad_request"
-    path: str = "/v1/chat/completions"
+    path: str = "/v1/chat/completions"  # or /v1/messages, /v1/responses
     api: Api = "openai"
     method: str = "POST"
 
@@ -91,17 +94,20 @@ class Call:
 
     @property
     def tools(self) -> list[Json]:
+        """The tools offered as sent: Chat Completions' {"type": "function",
+        "function": {...}}, Anthropic's {"name", "input_schema"}, Responses'
+        {"type": "function", "name", "parameters"}."""
         return list((self.body or {}).get("tools") or [])
 
     @property
     def tool_choice(self) -> Any:
-        """The body's tool_choice as sent: "none" (OpenAI), {"type": "none"}
-        (Anthropic), ...; None when absent."""
+        """The body's tool_choice as sent: "none" (OpenAI, Responses),
+        {"type": "none"} (Anthropic), ...; None when absent."""
         return (self.body or {}).get("tool_choice")
 
     @property
     def forbids_tools(self) -> bool:
-        """No tools offered, or tool_choice none (either API's spelling)."""
+        """No tools offered, or tool_choice none (any API's spelling)."""
         choice = self.tool_choice
         none = choice == "none" or (isinstance(choice, dict) and choice.get("type") == "none")
         return none or not self.tools
@@ -111,9 +117,19 @@ class Call:
         return list((self.body or {}).get("messages") or [])
 
     @property
+    def input(self) -> list[Json]:
+        """A Responses API body's `input` as a list of items (a string input is
+        one user message: [{"role": "user", "content": <str>}]); [] when absent."""
+        raw = (self.body or {}).get("input")
+        if isinstance(raw, str):
+            return [{"role": "user", "content": raw}]
+        return [item for item in raw if isinstance(item, dict)] if isinstance(raw, list) else []
+
+    @property
     def tool_results(self) -> list[tuple[str, Any]]:
         """(tool call id, content) of every tool result in the conversation:
-        OpenAI's role "tool" messages, Anthropic's tool_result blocks."""
+        OpenAI's role "tool" messages, Anthropic's tool_result blocks, the
+        Responses API's function_call_output items (call_id, output)."""
         found: list[tuple[str, Any]] = []
         for m in self.messages:
             if m.get("role") == "tool":
@@ -122,4 +138,7 @@ class Call:
                 for block in m["content"]:
                     if isinstance(block, dict) and block.get("type") == "tool_result":
                         found.append((block.get("tool_use_id", ""), block.get("content")))
+        for item in self.input:
+            if item.get("type") == "function_call_output":
+                found.append((item.get("call_id", ""), item.get("output")))
         return found

@@ -1,5 +1,6 @@
-"""The fake LLM server: one aiohttp app on 127.0.0.1 answering both APIs
-from one queue of behaviours."""
+"""The fake LLM server: one aiohttp app on 127.0.0.1 answering its three
+APIs (Chat Completions, Anthropic Messages, Responses) from one queue of
+behaviours."""
 
 from __future__ import annotations
 
@@ -36,6 +37,10 @@ class FakeLLM:
         return f"{self.base_url}/chat/completions"
 
     @property
+    def responses_url(self) -> str:
+        return f"{self.base_url}/responses"
+
+    @property
     def anthropic_base_url(self) -> str:
         """Anthropic's base URL (no /v1): anthropic.AsyncAnthropic(base_url=...)."""
         return f"http://127.0.0.1:{self._port}"
@@ -53,8 +58,12 @@ class FakeLLM:
         return self.calls[-1]
 
     def calls_to(self, api: Api) -> list[Call]:
-        """The recorded model calls (chat completions / messages) of one API."""
-        paths = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages"}
+        """The recorded model calls (chat completions / messages / responses) of one API."""
+        paths = {
+            "openai": "/v1/chat/completions",
+            "anthropic": "/v1/messages",
+            "responses": "/v1/responses",
+        }
         return [c for c in self.calls if c.path == paths[api]]
 
     def then(self, *behaviours: Behaviour) -> FakeLLM:
@@ -64,7 +73,8 @@ class FakeLLM:
 
     def require_key(self, key: str | None) -> FakeLLM:
         """Answer 401 to requests without the key (None: no check): OpenAI's
-        `Authorization: Bearer <key>`; Anthropic's `x-api-key: <key>` or the Bearer."""
+        (Chat Completions, Responses) `Authorization: Bearer <key>`;
+        Anthropic's `x-api-key: <key>` or the Bearer."""
         self.key = key
         return self
 
@@ -72,6 +82,7 @@ class FakeLLM:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._openai)
         app.router.add_post("/v1/messages", self._anthropic)
+        app.router.add_post("/v1/responses", self._responses)
         app.router.add_get("/v1/models", self._models)
         app.router.add_route("*", "/{tail:.*}", self._unknown)
         self._runner = web.AppRunner(app, shutdown_timeout=1.0)
@@ -123,11 +134,14 @@ class FakeLLM:
     async def _anthropic(self, request: web.Request) -> web.StreamResponse:
         return await self._model_call(request, "anthropic")
 
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._model_call(request, "responses")
+
     async def _model_call(self, request: web.Request, api: Api) -> web.StreamResponse:
         call = await self._record(request, api)
         if not self._authorized(call):
             call.behaviour = "unauthorized"
-            message = "Incorrect API key provided." if api == "openai" else "invalid x-api-key"
+            message = "invalid x-api-key" if api == "anthropic" else "Incorrect API key provided."
             return error_response(api, 401, message)
         if call.body is None:
             call.behaviour = "bad_request"

@@ -1,0 +1,197 @@
+"""OpenAI's Responses API (`POST /v1/responses`, under the `openai` section's
+path) as the proxy reads and writes it: what the OpenAI Agents SDK and
+OpenAI's own guides send by default.
+
+The history is the body's `input` list: the model's tool calls are
+`function_call` items (`arguments` a JSON text) and `custom_tool_call` items
+(`input` a text); the agent's results are `function_call_output` and
+`custom_tool_call_output` items naming the `call_id` (no failure flag: every
+result is ok). A request that continues a stored response
+(`previous_response_id`, `conversation`) carries only its new items: the
+calls it answers are not in it, so only what it carries is fed
+(docs/llm-proxy.md). Usage comes in the answer's `usage`, streamed in the
+`response.completed` event.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from typing import Any
+
+from gateway.llmproxy.openai import error as openai_error
+from gateway.llmproxy.wire import (
+    Anchor,
+    Dialect,
+    EventTap,
+    Json,
+    Tap,
+    ToolEvent,
+    count,
+    key_of,
+    objects,
+    parse_arguments,
+    text_of,
+)
+
+_CALLS = {"function_call": "arguments", "custom_tool_call": "input"}
+_OUTPUTS = ("function_call_output", "custom_tool_call_output")
+# The items a model writes (the rest of an input list is the agent's).
+_MODEL_ITEMS = frozenset({*_CALLS, "reasoning"})
+# Events whose `response` is the whole answer, usage included.
+_FINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+def items(body: Json) -> list[Json]:
+    """The body's input items (a plain string input is one user message)."""
+    value = body.get("input")
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    return objects(value)
+
+
+def _by_model(item: Json) -> bool:
+    return item.get("type") in _MODEL_ITEMS or item.get("role") == "assistant"
+
+
+def _anchor_of(output: list[Json]) -> str | None:
+    """The first model turn of `output` (its first run of model items)."""
+    anchor = Anchor()
+    started = False
+    for item in output:
+        if not _by_model(item):
+            if started:
+                break
+            continue
+        started = True
+        kind = item.get("type")
+        if kind in _CALLS:
+            call_id = item.get("call_id")
+            if isinstance(call_id, str) and call_id:
+                anchor.ids.append(call_id)
+            name, arguments = item.get("name"), item.get(_CALLS[kind])
+            anchor.calls.append((name if isinstance(name, str) else "",
+                                 arguments if isinstance(arguments, str) else ""))  # fmt: skip
+        elif item.get("role") == "assistant":
+            anchor.text.append(text_of(item.get("content")))
+    return anchor.value() if started else None
+
+
+def _read_response(response: Json, tap: Tap) -> None:
+    usage = response.get("usage")
+    if isinstance(usage, dict):
+        tap.usage.input_tokens = count(usage.get("input_tokens"))
+        tap.usage.output_tokens = count(usage.get("output_tokens"))
+        tap.usage.seen = True
+    tap.anchor = _anchor_of(objects(response.get("output")))
+
+
+class ResponsesStreamTap(EventTap):
+    """Typed SSE events, passed on as they came; usage and the anchor read
+    from the event that ends the answer."""
+
+    def read(self, event: Json) -> None:
+        response = event.get("response")
+        if event.get("type") in _FINAL_EVENTS and isinstance(response, dict):
+            _read_response(response, self)
+
+
+class Responses(Dialect):
+    name = "openai"
+    model_path = "/v1/responses"
+    key_header = "Authorization"
+
+    def tool_events(self, body: Json) -> list[ToolEvent]:
+        events: list[ToolEvent] = []
+        names: dict[str, str] = {}
+        for i, item in enumerate(items(body)):
+            kind = item.get("type")
+            call_id = item.get("call_id")
+            if kind in _CALLS:
+                name = item.get("name")
+                if not isinstance(name, str) or not name:
+                    continue
+                args = parse_arguments(item.get(_CALLS[kind]))
+                if isinstance(call_id, str):
+                    names[call_id] = name
+                events.append(ToolEvent(key_of("step", call_id, i, name, args), "step", name,
+                                        args=args))  # fmt: skip
+            elif kind in _OUTPUTS:
+                name = names.get(call_id) if isinstance(call_id, str) else None
+                if name is None:
+                    continue  # a result of no call in this request: nothing to pair it with
+                output = item.get("output")
+                text = output if isinstance(output, str) else text_of(output)
+                key = key_of("result", call_id, i, name, text)
+                events.append(ToolEvent(key, "result", name, ok=True, output=text))
+        return events
+
+    def opening(self, body: Json) -> Any:
+        opening: list[Any] = [body.get("instructions")]
+        for item in items(body):
+            if _by_model(item):
+                break
+            opening.append([item.get("role"), item.get("content")])
+        return opening
+
+    def anchor(self, body: Json) -> str | None:
+        return _anchor_of(items(body))
+
+    def with_note(self, body: Json, note: str, disable_tools: bool) -> Json:
+        out = dict(body)
+        out["input"] = [*items(body), {"role": "system", "content": note}]
+        if disable_tools and "tools" in body:
+            out["tool_choice"] = "none"
+            out.pop("parallel_tool_calls", None)
+        return out
+
+    def stream_tap(self, body: Json) -> Tap:
+        return ResponsesStreamTap()
+
+    def read_answer(self, answer: Json, tap: Tap) -> None:
+        _read_response(answer, tap)
+
+    def final_answer(self, body: Json, text: str) -> tuple[bytes, str]:
+        message_id = "msg_botbouncer_" + secrets.token_hex(12)
+        part = {"type": "output_text", "text": text, "annotations": []}
+        message = {"type": "message", "id": message_id, "status": "completed",
+                   "role": "assistant", "content": [part]}  # fmt: skip
+        usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0,
+                 "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                 "output_tokens_details": {"reasoning_tokens": 0}}  # fmt: skip
+        response = {
+            "id": "resp_botbouncer_" + secrets.token_hex(12),
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "completed",
+            "model": self.model(body),
+            "output": [message],
+            "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
+            "tool_choice": "none",
+            "tools": body.get("tools") if isinstance(body.get("tools"), list) else [],
+            "usage": usage,
+        }
+        if not self.streams(body):
+            return json.dumps(response).encode(), "application/json"
+        started = {**response, "status": "in_progress", "output": [], "usage": None}
+        opened = {**message, "status": "in_progress", "content": []}
+        at = {"item_id": message_id, "output_index": 0, "content_index": 0}
+        events: list[Json] = [
+            {"type": "response.created", "response": started},
+            {"type": "response.output_item.added", "output_index": 0, "item": opened},
+            {"type": "response.content_part.added", **at, "part": {**part, "text": ""}},
+            {"type": "response.output_text.delta", **at, "delta": text, "logprobs": []},
+            {"type": "response.output_text.done", **at, "text": text, "logprobs": []},
+            {"type": "response.content_part.done", **at, "part": part},
+            {"type": "response.output_item.done", "output_index": 0, "item": message},
+            {"type": "response.completed", "response": response},
+        ]
+        out = b"".join(
+            f"event: {e['type']}\ndata: {json.dumps({**e, 'sequence_number': n})}\n\n".encode()
+            for n, e in enumerate(events)
+        )
+        return out, "text/event-stream"
+
+    def error(self, status: int, message: str, code: str) -> bytes:
+        return openai_error(status, message, code)
