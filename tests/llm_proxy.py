@@ -136,28 +136,40 @@ async def openai_agent(
 
 
 async def responses_agent(
-    client: openai.AsyncOpenAI, question: str, *, stream: bool = False, turns: int = 40
+    client: openai.AsyncOpenAI,
+    question: str,
+    *,
+    stream: bool = False,
+    turns: int = 40,
+    chained: bool = False,
 ) -> tuple[str, int]:
     """The tool loop of OpenAI's function-calling guide on the Responses API:
     the input list grows by each response's output items and a
-    `function_call_output` per call, until the model answers."""
+    `function_call_output` per call, until the model answers. `chained`: as
+    the guide's other way, each request continues the last response on the
+    server (`previous_response_id`) and carries only the new outputs."""
     items: list[Any] = [{"role": "user", "content": question}]
     ran = 0
+    previous: dict[str, Any] = {}
     for _ in range(turns):
         if stream:
             response = None
             events = await client.responses.create(
-                model="gpt-test", input=items, tools=[WEATHER_TOOL_RESPONSES], stream=True
-            )
+                model="gpt-test", input=items, tools=[WEATHER_TOOL_RESPONSES], stream=True,
+                **previous,
+            )  # fmt: skip
             async for event in events:
                 if event.type == "response.completed":
                     response = event.response
             assert response is not None, "the stream ended without response.completed"
         else:
             response = await client.responses.create(
-                model="gpt-test", input=items, tools=[WEATHER_TOOL_RESPONSES]
+                model="gpt-test", input=items, tools=[WEATHER_TOOL_RESPONSES], **previous
             )
-        items += [item.model_dump(exclude_none=True) for item in response.output]
+        if chained:
+            items, previous = [], {"previous_response_id": response.id}
+        else:
+            items += [item.model_dump(exclude_none=True) for item in response.output]
         calls = [item for item in response.output if item.type == "function_call"]
         if not calls:
             return response.output_text, ran

@@ -94,6 +94,7 @@ class LlmProxy:
         self.inflight = inflight if inflight is not None else InFlight()
         self.guard = guard
         self.seen = sessions.Seen(store)
+        self.chains = sessions.Chains(store)
         self.metrics = metrics
         self.paths = {name: api.path for name, api in config.apis()}  # fixed until restart
         self._client: aiohttp.ClientSession | None = None
@@ -193,10 +194,17 @@ class LlmProxy:
             session = sessions.given(request.headers.get(sessions.HEADER))
         except ValueError as exc:
             return self._error(dialect, 400, str(exc), "invalid_session")
+        read = body  # as its tool events are read
+        previous = dialect.continues(body)
+        if previous is not None:
+            chain = await self._recall(previous)
+            if chain is not None:
+                session = session or chain[0]
+                read = dialect.continued(body, chain[1])
         if session is None:
             session = sessions.fingerprint(dialect, body, credential, dialect.anchor(body))
         try:
-            verdict = await self._check(session, dialect, body)
+            verdict = await self._check(session, dialect, read)
         except StoreError as exc:
             log.warning("llm proxy: the guard's store failed (%s); %s request forwarded "
                         "unguarded", exc, dialect.name)  # fmt: skip
@@ -233,6 +241,8 @@ class LlmProxy:
                 if session is None:
                     session = sessions.fingerprint(dialect, body, credential, tap.anchor)
                 await self._account(session, dialect, body, tap.usage)
+                if tap.continuable is not None and session is not None:
+                    await self._remember(session, body, *tap.continuable)
             return done
         finally:
             if verdict.saving is not None:
@@ -287,6 +297,26 @@ class LlmProxy:
             log.info("llm proxy session=%s: a %s of %.60r not fed to the guard: %s", session,
                      event.kind, event.tool, exc)  # fmt: skip
             return None
+
+    async def _recall(self, previous: str) -> tuple[str, list[list[str]]] | None:
+        try:
+            return await self.chains.recall(previous)
+        except StoreError as exc:
+            log.warning("llm proxy: the answer %.60r continues could not be read (%s); its "
+                        "calls are not fed", previous, exc)  # fmt: skip
+            return None
+
+    async def _remember(
+        self, session: str, body: Json, response_id: str, calls: list[list[str]]
+    ) -> None:
+        """An answer the upstream stores (`store` is not false) may be continued."""
+        if body.get("store") is False:
+            return
+        try:
+            await self.chains.remember(response_id, session, calls)
+        except StoreError as exc:
+            log.warning("llm proxy: answer %.60r of session %s not kept for the requests "
+                        "that continue it (%s)", response_id, session, exc)  # fmt: skip
 
     def _usage(self, cost_usd: float, tokens: int) -> dict[str, Any]:
         body: dict[str, Any] = {"cost_usd": cost_usd, "tokens": tokens}

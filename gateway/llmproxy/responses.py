@@ -84,7 +84,18 @@ def _read_response(response: Json, tap: Tap) -> None:
         tap.usage.input_tokens = count(usage.get("input_tokens"))
         tap.usage.output_tokens = count(usage.get("output_tokens"))
         tap.usage.seen = True
-    tap.anchor = _anchor_of(objects(response.get("output")))
+    output = objects(response.get("output"))
+    tap.anchor = _anchor_of(output)
+    ident = response.get("id")
+    if isinstance(ident, str) and ident:
+        calls: list[list[str]] = []
+        for item in output:
+            kind = item.get("type")
+            if kind in _CALLS:
+                call = [kind, item.get("call_id"), item.get("name"), item.get(_CALLS[kind])]
+                if all(isinstance(v, str) for v in call):
+                    calls.append(call)
+        tap.continuable = (ident, calls)
 
 
 class ResponsesStreamTap(EventTap):
@@ -145,6 +156,15 @@ class Responses(Dialect):
             out["tool_choice"] = "none"
             out.pop("parallel_tool_calls", None)
         return out
+
+    def continues(self, body: Json) -> str | None:
+        previous = body.get("previous_response_id")
+        return previous if isinstance(previous, str) and previous else None
+
+    def continued(self, body: Json, calls: list[list[str]]) -> Json:
+        made = [{"type": kind, "call_id": call_id, "name": name, _CALLS[kind]: value}
+                for kind, call_id, name, value in calls if kind in _CALLS]  # fmt: skip
+        return {**body, "input": [*made, *items(body)]}
 
     def stream_tap(self, body: Json) -> Tap:
         return ResponsesStreamTap()

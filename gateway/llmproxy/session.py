@@ -13,7 +13,9 @@ history will name from then on.
 An agent sends its whole history on every request. The events the guard has
 been fed are kept per session in the store (one value, the keys of the
 events in the last history, with the state TTL), so any replica feeds each
-tool call and result once.
+tool call and result once. A Responses request that continues a stored
+response sends only its new items; `Chains` keeps each stored answer's
+session and tool calls, so the request is read as if it carried them.
 """
 
 from __future__ import annotations
@@ -67,3 +69,31 @@ class Seen:
         """The events of this history (not every one ever seen: a history the
         agent trims forgets what it dropped, so the value stays its size)."""
         await self.store.set_cursor(self._name(session), json.dumps([e.key for e in events]))
+
+
+class Chains:
+    """Answers a later request may continue on the server (Responses'
+    `previous_response_id`): for each, the session it belongs to and its
+    tool calls, which the continuing request does not carry. Kept in the
+    store with the state TTL, so any replica can read them."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    @staticmethod
+    def _name(response_id: str) -> str:
+        return "llm-resp:" + digest(response_id)[:40]
+
+    async def recall(self, response_id: str) -> tuple[str, list[list[str]]] | None:
+        """(session, calls) of the answer `response_id`, None when unknown."""
+        raw = await self.store.get_cursor(self._name(response_id))
+        try:
+            session, calls = json.loads(raw) if raw else (None, None)
+        except (ValueError, TypeError):
+            return None
+        if not isinstance(session, str) or not isinstance(calls, list):
+            return None
+        return session, [c for c in calls if isinstance(c, list) and len(c) == 4]
+
+    async def remember(self, response_id: str, session: str, calls: list[list[str]]) -> None:
+        await self.store.set_cursor(self._name(response_id), json.dumps([session, calls]))

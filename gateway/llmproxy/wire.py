@@ -151,6 +151,9 @@ class Tap(ABC):
     def __init__(self) -> None:
         self.usage = Usage()
         self.anchor: str | None = None  # what the session's fingerprint is anchored on
+        # An answer a later request may continue on the server (Responses'
+        # previous_response_id): its id and its tool calls (id, name, arguments).
+        self.continuable: tuple[str, list[list[str]]] | None = None
 
     @abstractmethod
     def feed(self, chunk: bytes) -> bytes: ...
@@ -275,6 +278,16 @@ class Dialect(ABC):
     def prepare(self, body: Json) -> Json | None:
         """A changed body to send instead, or None to send it as it came."""
         return None
+
+    def continues(self, body: Json) -> str | None:
+        """The stored answer this request continues on the server, whose
+        items it does not carry (Responses' previous_response_id), or None."""
+        return None
+
+    def continued(self, body: Json, calls: list[list[str]]) -> Json:
+        """The body as read for its tool events, with the tool calls of the
+        answer it continues in front of its own items (never forwarded)."""
+        return body
 
     @staticmethod
     def streams(body: Json) -> bool:
