@@ -142,15 +142,17 @@ async def responses_agent(
     stream: bool = False,
     turns: int = 40,
     chained: bool = False,
+    conversation: str | None = None,
 ) -> tuple[str, int]:
     """The tool loop of OpenAI's function-calling guide on the Responses API:
     the input list grows by each response's output items and a
     `function_call_output` per call, until the model answers. `chained`: as
     the guide's other way, each request continues the last response on the
-    server (`previous_response_id`) and carries only the new outputs."""
+    server (`previous_response_id`) and carries only the new outputs; with
+    `conversation`, each adds its new items to that server-side conversation."""
     items: list[Any] = [{"role": "user", "content": question}]
     ran = 0
-    previous: dict[str, Any] = {}
+    previous: dict[str, Any] = {"conversation": conversation} if conversation else {}
     for _ in range(turns):
         if stream:
             response = None
@@ -168,6 +170,8 @@ async def responses_agent(
             )
         if chained:
             items, previous = [], {"previous_response_id": response.id}
+        elif conversation:
+            items = []
         else:
             items += [item.model_dump(exclude_none=True) for item in response.output]
         calls = [item for item in response.output if item.type == "function_call"]

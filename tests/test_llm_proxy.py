@@ -81,26 +81,34 @@ async def test_a_warning_is_a_note_and_tools_stay_on(
     assert all(m.get("role") != "system" for m in llm.calls[2].body[items])  # type: ignore[index]
 
 
+@pytest.mark.parametrize("kept", ["previous_response_id", "conversation"])
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 async def test_responses_chained_on_the_server_are_one_session_and_stop(
-    redis_url: str, key_prefix: str, stream: bool
+    redis_url: str, key_prefix: str, stream: bool, kept: str
 ) -> None:
-    # Breaks if a request that continues a stored response (it carries only
-    # the new function_call_output items) is not paired with the calls of the
-    # response it continues (nothing fed: the loop never ends), or is not
-    # taken for the same session (each would be a session of its own).
+    # Breaks if a request that continues a stored response, or adds to a
+    # conversation the upstream keeps (it carries only the new
+    # function_call_output items), is not paired with the calls of the answer
+    # it continues (nothing fed: the loop never ends), or is not taken for
+    # the same session (each would be a session of its own).
     async with FakeLLM() as llm:
         llm.default = repeat_tool_call("get_weather", {"city": "Brest"}, otherwise="Grey, 11 C.")
         async with proxy_daemon(llm, redis_url, key_prefix) as (d, url):
             client = openai_client(f"{url}/llm/openai/v1")
-            answer, ran = await responses_agent(
-                client, "Weather in Brest?", stream=stream, chained=True
-            )
+            if kept == "conversation":
+                conversation = f"conv_{key_prefix}"
+                answer, ran = await responses_agent(
+                    client, "Weather in Brest?", stream=stream, conversation=conversation
+                )
+            else:
+                answer, ran = await responses_agent(
+                    client, "Weather in Brest?", stream=stream, chained=True
+                )
             session = {c.headers.get("x-botbouncer-session") for c in llm.calls}
             actions = {a: d.metrics.llm_requests.labels("openai", a)._value.get()
                        for a in ("forwarded", "noted", "tools_disabled")}  # fmt: skip
     assert (answer, ran, llm.count) == ("Grey, 11 C.", 4, 5)
-    assert all("previous_response_id" in c.body for c in llm.calls[1:])  # type: ignore[operator]
+    assert all(kept in c.body for c in llm.calls[1:])  # type: ignore[operator]
     for c in llm.calls[1:]:  # only the new output (and, on the last two, the guard's note)
         assert c.body is not None and c.body["input"][0]["type"] == "function_call_output"
         assert not [i for i in c.body["input"] if i.get("type") == "function_call"]

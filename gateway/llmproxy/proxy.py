@@ -242,7 +242,7 @@ class LlmProxy:
                     session = sessions.fingerprint(dialect, body, credential, tap.anchor)
                 await self._account(session, dialect, body, tap.usage)
                 if tap.continuable is not None and session is not None:
-                    await self._remember(session, body, *tap.continuable)
+                    await self._remember(session, dialect, body, *tap.continuable)
             return done
         finally:
             if verdict.saving is not None:
@@ -302,21 +302,20 @@ class LlmProxy:
         try:
             return await self.chains.recall(previous)
         except StoreError as exc:
-            log.warning("llm proxy: the answer %.60r continues could not be read (%s); its "
-                        "calls are not fed", previous, exc)  # fmt: skip
+            log.warning("llm proxy: what %.60r continues could not be read (%s); its calls "
+                        "are not fed", previous, exc)  # fmt: skip
             return None
 
     async def _remember(
-        self, session: str, body: Json, response_id: str, calls: list[list[str]]
+        self, session: str, dialect: Dialect, body: Json, answer_id: str, calls: list[list[str]]
     ) -> None:
-        """An answer the upstream stores (`store` is not false) may be continued."""
-        if body.get("store") is False:
-            return
+        """An answer the upstream keeps, for the requests that continue it."""
         try:
-            await self.chains.remember(response_id, session, calls)
+            for key in dialect.continued_as(body, answer_id):
+                await self.chains.remember(key, session, calls)
         except StoreError as exc:
             log.warning("llm proxy: answer %.60r of session %s not kept for the requests "
-                        "that continue it (%s)", response_id, session, exc)  # fmt: skip
+                        "that continue it (%s)", answer_id, session, exc)  # fmt: skip
 
     def _usage(self, cost_usd: float, tokens: int) -> dict[str, Any]:
         body: dict[str, Any] = {"cost_usd": cost_usd, "tokens": tokens}

@@ -51,6 +51,14 @@ def items(body: Json) -> list[Json]:
     return objects(value)
 
 
+def _conversation(body: Json) -> str | None:
+    """The id of the conversation the request adds to (an id, or {"id": ...})."""
+    value = body.get("conversation")
+    if isinstance(value, dict):
+        value = value.get("id")
+    return value if isinstance(value, str) and value else None
+
+
 def _by_model(item: Json) -> bool:
     return item.get("type") in _MODEL_ITEMS or item.get("role") == "assistant"
 
@@ -159,7 +167,16 @@ class Responses(Dialect):
 
     def continues(self, body: Json) -> str | None:
         previous = body.get("previous_response_id")
-        return previous if isinstance(previous, str) and previous else None
+        if isinstance(previous, str) and previous:
+            return "response:" + previous
+        conversation = _conversation(body)
+        return "conversation:" + conversation if conversation else None
+
+    def continued_as(self, body: Json, answer_id: str) -> list[str]:
+        # A response is kept unless `store: false`; a conversation keeps its items.
+        keys = [] if body.get("store") is False else ["response:" + answer_id]
+        conversation = _conversation(body)
+        return [*keys, "conversation:" + conversation] if conversation else keys
 
     def continued(self, body: Json, calls: list[list[str]]) -> Json:
         made = [{"type": kind, "call_id": call_id, "name": name, _CALLS[kind]: value}

@@ -73,20 +73,21 @@ class Seen:
 
 class Chains:
     """Answers a later request may continue on the server (Responses'
-    `previous_response_id`): for each, the session it belongs to and its
-    tool calls, which the continuing request does not carry. Kept in the
-    store with the state TTL, so any replica can read them."""
+    `previous_response_id`, or the last answer of a `conversation`), by the
+    dialect's key: the session it belongs to and its tool calls, which the
+    continuing request does not carry. Kept in the store with the state TTL,
+    so any replica can read them."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
 
     @staticmethod
-    def _name(response_id: str) -> str:
-        return "llm-resp:" + digest(response_id)[:40]
+    def _name(key: str) -> str:
+        return "llm-chain:" + digest(key)[:40]
 
-    async def recall(self, response_id: str) -> tuple[str, list[list[str]]] | None:
-        """(session, calls) of the answer `response_id`, None when unknown."""
-        raw = await self.store.get_cursor(self._name(response_id))
+    async def recall(self, key: str) -> tuple[str, list[list[str]]] | None:
+        """(session, calls) of the answer kept under `key`, None when unknown."""
+        raw = await self.store.get_cursor(self._name(key))
         try:
             session, calls = json.loads(raw) if raw else (None, None)
         except (ValueError, TypeError):
@@ -95,5 +96,5 @@ class Chains:
             return None
         return session, [c for c in calls if isinstance(c, list) and len(c) == 4]
 
-    async def remember(self, response_id: str, session: str, calls: list[list[str]]) -> None:
-        await self.store.set_cursor(self._name(response_id), json.dumps([session, calls]))
+    async def remember(self, key: str, session: str, calls: list[list[str]]) -> None:
+        await self.store.set_cursor(self._name(key), json.dumps([session, calls]))

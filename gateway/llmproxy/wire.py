@@ -280,9 +280,15 @@ class Dialect(ABC):
         return None
 
     def continues(self, body: Json) -> str | None:
-        """The stored answer this request continues on the server, whose
-        items it does not carry (Responses' previous_response_id), or None."""
+        """The key of what this request continues on the server, whose items
+        it does not carry (Responses' previous_response_id, or conversation),
+        or None."""
         return None
+
+    def continued_as(self, body: Json, answer_id: str) -> list[str]:
+        """The keys under which a later request may continue the answer
+        `answer_id` to this body (none where the API keeps nothing)."""
+        return []
 
     def continued(self, body: Json, calls: list[list[str]]) -> Json:
         """The body as read for its tool events, with the tool calls of the
