@@ -4,10 +4,13 @@ session.py) on bodies as the SDKs send them, and its `llm_proxy:` config."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gateway.config import ConfigError, parse_config
 from gateway.llmproxy.anthropic import Anthropic
@@ -308,3 +311,58 @@ def test_responses_final_answer_and_note_as_the_sdk_reads_them(stream: bool) -> 
     assert noted["tool_choice"] == "none"
     err = json.loads(d.error(429, "spent", "budget_exhausted"))
     assert err["error"]["type"] == "insufficient_quota" and openai.RateLimitError
+
+
+# -- any shape of body or answer --------------------------------------------------------
+
+FUZZ_EXAMPLES = int(os.environ.get("BOTBOUNCER_FUZZ_EXAMPLES", "150"))
+_KEYS = st.sampled_from([
+    "model", "messages", "input", "role", "content", "type", "tool_calls", "function", "name",
+    "arguments", "input", "id", "call_id", "tool_call_id", "output", "text", "tool_use_id",
+    "is_error", "stream", "tools", "tool_choice", "functions", "previous_response_id",
+    "conversation", "store", "instructions", "system", "usage", "choices", "message", "delta",
+    "response", "index", "stream_options", "include_usage", "prompt_tokens", "input_tokens",
+    "output_tokens", "completion_tokens",
+])  # fmt: skip
+_SCALARS = (
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=6)
+    | st.sampled_from(["assistant", "user", "tool", "system", "function_call", "tool_use",
+                       "function_call_output", "custom_tool_call", "custom_tool_call_output",
+                       "tool_result", "message", "text", "reasoning", "response.completed",
+                       "message_start", "message_delta", "content_block_start", "{}"])
+)  # fmt: skip
+_JSON = st.recursive(
+    _SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_KEYS, inner, max_size=5),
+    max_leaves=40,
+)
+_BODIES = st.dictionaries(_KEYS, _JSON, max_size=7)
+
+
+@settings(max_examples=FUZZ_EXAMPLES * 2, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=_BODIES, answer=_BODIES)
+def test_no_shape_of_body_or_answer_makes_a_dialect_fail(body: Any, answer: Any) -> None:
+    # Breaks if any dialect raises on a body or an answer it does not expect:
+    # the proxy must forward what it cannot read, never answer with a 500.
+    # More examples: BOTBOUNCER_FUZZ_EXAMPLES=2000.
+    from gateway.llmproxy.responses import Responses
+    from gateway.llmproxy.wire import digest
+
+    for d in (OpenAI(), Anthropic(), Responses()):
+        d.tool_events(body)
+        digest(d.opening(body))
+        d.anchor(body)
+        json.dumps(d.with_note(body, "note", True))
+        d.prepare(body)
+        d.continues(body)
+        d.continued_as(body, "resp_1")
+        d.tool_events(d.continued(body, [["function_call", "c1", "get", "{}"]]))
+        d.final_answer(body, "stop")
+        whole = WholeTap(d)
+        whole.feed(json.dumps(answer).encode())
+        whole.done()
+        tap = d.stream_tap(body)
+        for event in (answer, {"type": "response.completed", "response": answer},
+                      {"type": "message_start", "message": answer}):  # fmt: skip
+            tap.feed(f"event: x\ndata: {json.dumps(event)}\n\n".encode())
+        tap.done()

@@ -51,6 +51,12 @@ def items(body: Json) -> list[Json]:
     return objects(value)
 
 
+def _type(obj: Json) -> str:
+    """An item's or an event's `type`, "" when it is not a string."""
+    kind = obj.get("type")
+    return kind if isinstance(kind, str) else ""
+
+
 def _conversation(body: Json) -> str | None:
     """The id of the conversation the request adds to (an id, or {"id": ...})."""
     value = body.get("conversation")
@@ -60,7 +66,7 @@ def _conversation(body: Json) -> str | None:
 
 
 def _by_model(item: Json) -> bool:
-    return item.get("type") in _MODEL_ITEMS or item.get("role") == "assistant"
+    return _type(item) in _MODEL_ITEMS or item.get("role") == "assistant"
 
 
 def _anchor_of(output: list[Json]) -> str | None:
@@ -73,7 +79,7 @@ def _anchor_of(output: list[Json]) -> str | None:
                 break
             continue
         started = True
-        kind = item.get("type")
+        kind = _type(item)
         if kind in _CALLS:
             call_id = item.get("call_id")
             if isinstance(call_id, str) and call_id:
@@ -98,11 +104,12 @@ def _read_response(response: Json, tap: Tap) -> None:
     if isinstance(ident, str) and ident:
         calls: list[list[str]] = []
         for item in output:
-            kind = item.get("type")
+            kind = _type(item)
             if kind in _CALLS:
-                call = [kind, item.get("call_id"), item.get("name"), item.get(_CALLS[kind])]
-                if all(isinstance(v, str) for v in call):
-                    calls.append(call)
+                parts = (item.get("call_id"), item.get("name"), item.get(_CALLS[kind]))
+                strings = [p for p in parts if isinstance(p, str)]
+                if len(strings) == 3:
+                    calls.append([kind, *strings])
         tap.continuable = (ident, calls)
 
 
@@ -112,7 +119,7 @@ class ResponsesStreamTap(EventTap):
 
     def read(self, event: Json) -> None:
         response = event.get("response")
-        if event.get("type") in _FINAL_EVENTS and isinstance(response, dict):
+        if _type(event) in _FINAL_EVENTS and isinstance(response, dict):
             _read_response(response, self)
 
 
@@ -125,7 +132,7 @@ class Responses(Dialect):
         events: list[ToolEvent] = []
         names: dict[str, str] = {}
         for i, item in enumerate(items(body)):
-            kind = item.get("type")
+            kind = _type(item)
             call_id = item.get("call_id")
             if kind in _CALLS:
                 name = item.get("name")
