@@ -520,6 +520,27 @@ async def test_bad_input_is_answered_in_the_apis_shape(redis_url: str, key_prefi
     assert (code, llm.count, llm.calls[0].body) == (200, 1, {"a": 1})
 
 
+async def test_a_body_nested_past_the_stack_is_forwarded_unread(
+    redis_url: str, key_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Breaks if the proxy parses the request with a bare json.loads: 20,000
+    # nested arrays are a RecursionError there, answered 500 with a
+    # traceback, not forwarded for the upstream to judge.
+    deep = b'{"model": "m", "messages": [{"role": "user", "content": ' + b"[" * 20_000
+    deep += b"]" * 20_000 + b"}]}"
+    async with FakeLLM() as llm, proxy_daemon(llm, redis_url, key_prefix) as (d, url):
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{url}/llm/openai/v1/chat/completions", data=deep) as resp,
+        ):
+            status, said = resp.status, await resp.json()
+        passed = d.metrics.llm_requests.labels("openai", "passthrough")._value.get()
+    assert (status, llm.count, passed) == (400, 1, 1)  # the fake's own refusal, relayed
+    assert said["error"]["message"].startswith("We could not parse the JSON body")
+    ours = ("botbouncer", "aiohttp")  # not a client an earlier test left to the collector
+    assert not [r for r in caplog.records if r.exc_info and r.name.startswith(ours)]
+
+
 async def test_a_stop_lets_an_answer_in_flight_finish(redis_url: str, key_prefix: str) -> None:
     parts = [chunk("Hel"), chunk("lo"), b"data: [DONE]\n\n"]
     async with FakeLLM() as llm:

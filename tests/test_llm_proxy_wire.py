@@ -366,3 +366,22 @@ def test_no_shape_of_body_or_answer_makes_a_dialect_fail(body: Any, answer: Any)
                       {"type": "message_start", "message": answer}):  # fmt: skip
             tap.feed(f"event: x\ndata: {json.dumps(event)}\n\n".encode())
         tap.done()
+
+
+def test_json_nested_past_the_stack_is_unreadable_not_a_crash() -> None:
+    # Breaks if the proxy parses text from outside with a bare json.loads: a
+    # value 20,000 arrays deep is a RecursionError there (a traceback, or a
+    # stream cut short), not something the proxy passes on unread.
+    from gateway.llmproxy.responses import Responses
+    from gateway.llmproxy.wire import parse_arguments
+
+    deep = "[" * 20_000 + "]" * 20_000
+    assert parse_arguments(deep) == deep  # kept as the text it came as
+    for d in (OpenAI(), Anthropic(), Responses()):
+        whole = WholeTap(d)
+        whole.feed(deep.encode())
+        whole.done()
+        tap = d.stream_tap({"stream": True})
+        event = f"data: {deep}\n\n".encode()
+        assert tap.feed(event) in (event, b"")  # passed on (or held whole, never lost)
+        tap.done()

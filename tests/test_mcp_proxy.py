@@ -656,6 +656,24 @@ async def echo_proxy(tmp_path: Path) -> tuple[asyncio.subprocess.Process, int]:
     return proxy, pid
 
 
+async def test_lines_nested_too_deep_to_read_pass_as_they_came(tmp_path: Path) -> None:
+    # Breaks if a line the proxy cannot read (json recurses: 20,000 nested
+    # arrays, as a batch or as one message) crashes the relay instead of
+    # passing both ways untouched.
+    proxy, _ = await echo_proxy(tmp_path)
+    assert proxy.stdin is not None and proxy.stdout is not None
+    try:
+        for line in (b"[" * 20_000 + b"]" * 20_000 + b"\n",
+                     b'{"a":' + b"[" * 20_000 + b"]" * 20_000 + b"}\n"):  # fmt: skip
+            proxy.stdin.write(line)
+            await proxy.stdin.drain()
+            assert await asyncio.wait_for(proxy.stdout.readline(), CALL_TIMEOUT) == line
+        assert await closed(proxy) == 0
+    finally:
+        await stop(proxy)
+    assert "Traceback" not in contents(tmp_path / "stderr")
+
+
 async def test_sigterm_stops_the_proxy_and_its_child(tmp_path: Path) -> None:
     # Breaks if SIGTERM kills the proxy without passing it on (its status would
     # be -15, and the child would be left running) or the proxy does not exit

@@ -135,6 +135,19 @@ def text_depth_over(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool | None:
     return bool(text)
 
 
+def loads(raw: bytes | str, limit: int = MAX_JSON_DEPTH) -> Any:
+    """json.loads for text that came from outside: a value nested deeper than
+    `limit` is a ValueError, like bad JSON, where json.loads would recurse
+    until a RecursionError (a traceback, and on a server a 500)."""
+    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    if text_depth_over(data, limit):
+        raise ValueError(f"nested deeper than {limit} levels")
+    try:
+        return json.loads(raw)
+    except RecursionError:  # UTF-16/32, which text_depth_over cannot read
+        raise ValueError(f"nested deeper than {limit} levels") from None
+
+
 def canonical(value: Any) -> str:
     """JSON with sorted keys and no spaces: equal arguments, equal text."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

@@ -11,6 +11,7 @@ import secrets
 import time
 from typing import Any
 
+from gateway.guard.normalize import loads
 from gateway.llmproxy.wire import (
     Anchor,
     Dialect,
@@ -61,7 +62,7 @@ class OpenAIStreamTap(Tap):
                 out.append(raw)
                 continue
             try:
-                obj = json.loads(data)
+                obj = loads(data)
             except ValueError:
                 out.append(raw)
                 continue

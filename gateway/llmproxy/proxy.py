@@ -38,6 +38,7 @@ from aiohttp import web
 
 from gateway.config.llmproxy import ApiConfig, LlmProxyConfig
 from gateway.errors import BotbouncerError
+from gateway.guard.normalize import loads
 from gateway.guard.requests import GuardInputError
 from gateway.guard.service import Answer, Guard, Prepared
 from gateway.inflight import InFlight, ShuttingDown
@@ -159,8 +160,8 @@ class LlmProxy:
         body: Any = None
         if request.method == "POST" and tail == dialect.model_path:
             try:
-                body = json.loads(raw)
-            except ValueError:
+                body = loads(raw)
+            except ValueError:  # bad JSON, or nested past what the guard reads
                 body = None  # the upstream says what is wrong with it
         if not isinstance(body, dict):
             self._count(name, "passthrough")

@@ -1,6 +1,8 @@
-"""What the two APIs' mappings share: the tool events a history holds, the
-usage an answer reports, Server-Sent Events read as they pass, and the
-interface each API's mapping (gateway/llmproxy/openai.py, anthropic.py) fills."""
+"""What the APIs' mappings share: the tool events a history holds, the usage
+an answer reports, Server-Sent Events read as they pass, and the interface
+each API's mapping (gateway/llmproxy/openai.py, responses.py, anthropic.py)
+fills. JSON from outside is read with normalize.loads: nested too deep is
+unreadable, never a RecursionError."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from gateway.guard.normalize import loads
 
 Json = dict[str, Any]
 
@@ -90,7 +94,7 @@ def parse_arguments(arguments: Any) -> Any:
     compared as the value it holds (key order and spacing do not count)."""
     if isinstance(arguments, str):
         try:
-            return json.loads(arguments)
+            return loads(arguments)
         except ValueError:
             return arguments
     return arguments
@@ -175,7 +179,7 @@ class EventTap(Tap):
             if data is None:
                 continue
             try:
-                event = json.loads(data)
+                event = loads(data)
             except ValueError:
                 continue
             if isinstance(event, dict):
@@ -205,7 +209,7 @@ class WholeTap(Tap):
         if self._size > MAX_EVENT:
             return b""
         try:
-            answer = json.loads(b"".join(self._parts))
+            answer = loads(b"".join(self._parts))
         except ValueError:
             return b""
         if isinstance(answer, dict):

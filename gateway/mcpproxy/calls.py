@@ -26,6 +26,7 @@ import mcp_types as mcp
 from pydantic import ValidationError
 
 from gateway.errors import BotbouncerError
+from gateway.guard.normalize import loads
 from gateway.guard.service import Answer, Guard
 
 log = logging.getLogger("botbouncer.mcp_proxy")
@@ -54,8 +55,10 @@ def dump_batch(messages: list[mcp.JSONRPCMessage]) -> bytes:
 
 
 def _items(raw: bytes) -> list[Any] | None:
+    """A batch's messages, or None when it is not one we can read (nested
+    deeper than the guard takes, among others)."""
     try:
-        items = json.loads(raw)
+        items = loads(raw)
     except ValueError:
         return None
     return items if isinstance(items, list) and items else None

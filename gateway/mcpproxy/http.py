@@ -23,6 +23,7 @@ import mcp_types as mcp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from gateway.guard.normalize import loads
 from gateway.llmproxy.wire import HOP_BY_HOP, SseReader, digest
 from gateway.mcpproxy.calls import ToolCalls, dump, dump_batch, is_batch, parse
 
@@ -164,7 +165,7 @@ def _merged(body: bytes, extra: list[mcp.JSONRPCMessage]) -> bytes:
     if not extra:
         return body
     try:
-        got = json.loads(body)
+        got = loads(body)
     except ValueError:
         return body
     items = got if isinstance(got, list) else [got]
@@ -189,7 +190,7 @@ async def _event(raw: bytes, data: str | None, calls: ToolCalls) -> bytes:
 def _jsonrpc_error(body: bytes, text: str) -> web.Response:
     """502 with a JSON-RPC error for the request's id (null when unknown)."""
     try:
-        request_id = json.loads(body).get("id")
+        request_id = loads(body).get("id")
     except (ValueError, AttributeError):
         request_id = None
     error = {"jsonrpc": "2.0", "id": request_id, "error": {"code": -32000, "message": text}}

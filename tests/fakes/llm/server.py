@@ -113,7 +113,7 @@ class FakeLLM:
         headers = {k.lower(): v for k, v in request.headers.items()}
         try:
             body = json.loads(await request.read()) if request.can_read_body else None
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past Python's stack
             body = None
         call = Call(body if isinstance(body, dict) else None, headers, "")
         call.path, call.api, call.method = request.path, api, request.method
