@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.errors import InputError
-from gateway.guard.normalize import MAX_JSON_DEPTH, depth_over, text_depth_over
+from gateway.guard.normalize import MAX_JSON_DEPTH, depth_over, loads
 
 MAX_BODY = 64 * 1024
 
@@ -49,16 +49,10 @@ async def json_body(request: web.Request) -> Any:
     raw = await request.read()
     if not raw.strip():
         raise BadRequest("empty body: send a JSON object")
-    too_deep = f"invalid JSON body: nested deeper than {MAX_JSON_DEPTH} levels"
-    deep = text_depth_over(raw)
-    if deep:
-        raise BadRequest(too_deep)
     try:
-        value = json.loads(raw)
-    except ValueError as exc:  # bad JSON or encoding, or an int beyond Python's digit limit
+        value = loads(raw)
+    except ValueError as exc:  # bad JSON or encoding, too deep, an int past the digit limit
         raise BadRequest(f"invalid JSON body: {exc}") from None
-    except RecursionError:
-        raise BadRequest(too_deep) from None
-    if deep is None and depth_over(value):  # a UTF-16/32 body: its bytes could not tell
-        raise BadRequest(too_deep)
+    if depth_over(value):  # a UTF-16/32 body: its bytes could not tell
+        raise BadRequest(f"invalid JSON body: nested deeper than {MAX_JSON_DEPTH} levels")
     return value
