@@ -127,7 +127,10 @@ class MemoryStore:
         self._evicted = 0  # forgotten before they expired, since the last warning
         self._warned_at = -float("inf")
         self._tickets: MemoryTickets[str] = MemoryTickets()
-        self._cursors: dict[str, str] = {}
+        # name -> (value, lapses at ms), least recently set first: a
+        # platform's read position, and the LLM proxy's per session and per
+        # answer, so bounded like the chats and lapsing with the state TTL.
+        self._cursors: OrderedDict[str, tuple[str, int]] = OrderedDict()
         self._claims: OrderedDict[str, int] = OrderedDict()  # name -> until (ms)
 
     # -- plumbing ---------------------------------------------------------
@@ -466,10 +469,20 @@ class MemoryStore:
         return [_unpack(entry) for entry in state.log[::-1][:limit]]
 
     async def get_cursor(self, name: str) -> str | None:
-        return self._cursors.get(name)
+        held = self._cursors.get(name)
+        if held is None:
+            return None
+        if held[1] <= self._now(None):
+            del self._cursors[name]
+            return None
+        return held[0]
 
     async def set_cursor(self, name: str, value: str) -> None:
-        self._cursors[name] = value  # one per connected bot: nothing to bound
+        now = self._now(None)
+        self._cursors[name] = (value, now + self._state_ttl)
+        self._cursors.move_to_end(name)
+        while len(self._cursors) > self.max_chats:  # the least recently set first
+            self._cursors.popitem(last=False)
 
     async def claim(self, name: str, ttl_ms: int) -> bool:
         now = self._now(None)

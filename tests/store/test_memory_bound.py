@@ -189,3 +189,24 @@ def test_the_daemon_and_replay_pass_store_max_chats_on(redis_url: str) -> None:
     assert isinstance(on_memory.store, MemoryStore) and on_memory.store.max_chats == 7
     on_redis = Daemon(parse_config(f"store: {{url: '{redis_url}', max_chats: 9}}\n" + bots))
     assert isinstance(on_redis.store, FailoverStore) and on_redis.store.fallback.max_chats == 9
+
+
+async def test_cursors_are_bounded_and_lapse_with_the_state_ttl(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Breaks if the memory store keeps every cursor for ever: the LLM proxy
+    # saves one per agent session and one per answer it may continue, so a
+    # daemon on memory:// grew by one for each, without end.
+    store = MemoryStore(max_chats=3, state_ttl_seconds=60)
+    clock = [1_800_000_000.0]
+    monkeypatch.setattr(memory_module.time, "time", lambda: clock[0])
+    for name in "abcd":
+        await store.set_cursor(f"llm:{name}", name)
+    assert await store.get_cursor("llm:a") is None  # the least recently set, past the bound
+    assert [await store.get_cursor(f"llm:{n}") for n in "bcd"] == ["b", "c", "d"]
+    clock[0] += 30
+    await store.set_cursor("llm:b", "b2")  # set again: lapses a full TTL from now
+    clock[0] += 29
+    await store.set_cursor("llm:e", "e")  # past the bound: c goes
+    clock[0] += 2  # 61 s after c and d were set: d has lapsed
+    assert [await store.get_cursor(f"llm:{n}") for n in "bcde"] == ["b2", None, None, "e"]
