@@ -702,6 +702,10 @@ def test_a_mapping_bomb_through_merge_keys_is_refused(tmp_path: Path) -> None:
             "http: {listen: '${" + UNSET + "}'}\n" + BOT,
             f"http.listen: environment variable {UNSET} is not set",
         ),
+        (
+            "bots: [{name: a, platform: http, backend: {type: echo, openai: 1}}]\n",
+            r"^bots\[0\]\.backend\.openai: unknown key$",
+        ),
     ],
     ids=[
         "int-past-4300-digits",
@@ -724,12 +728,14 @@ def test_a_mapping_bomb_through_merge_keys_is_refused(tmp_path: Path) -> None:
         "60k-bad-items",
         "broken-interpolation",
         "unset-variable",
+        "key-spelt-like-a-backend-type",
     ],
 )
 def test_inputs_that_once_broke_it(tmp_path: Path, text: str, problem: str) -> None:
     """The first seven were tracebacks, the odd keys broke the one-line-per-problem
     rule, the NUL was an unreadable two-line message,
-    the 60k bad items a quadratic hang."""
+    the 60k bad items a quadratic hang; a key spelt like a backend type lost
+    its name (`bots[0].backend: unknown key`)."""
     res = check_text(tmp_path, text)
     assert res.code == 2
     assert any(re.search(problem, p) for p in res.problems), res.problems

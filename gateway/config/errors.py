@@ -79,9 +79,12 @@ _SIMPLE_MESSAGES = {
 def translate(err: ErrorDetails) -> tuple[KeyPath, str]:
     kind = err["type"]
     ctx: dict[str, Any] = dict(err.get("ctx") or {})
+    # pydantic names the union member after a tagged field (`backend.openai.url`):
+    # that one part goes. Only that one: a key after it may be spelt like a tag.
+    raw = list(err["loc"])
     loc: list[str | int] = []
-    for part in err["loc"]:
-        prev = loc[-1] if loc else None
+    for i, part in enumerate(raw):
+        prev = raw[i - 1] if i else None
         if isinstance(prev, str) and prev in TAGGED_FIELDS and part in TAGGED_FIELDS[prev]:
             continue
         loc.append(part)
