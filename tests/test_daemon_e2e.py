@@ -24,7 +24,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-import redis.asyncio as aioredis
 import yaml
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
@@ -33,6 +32,7 @@ from gateway.config import parse_config
 from gateway.model import ChatKind
 from gateway.pipeline import limits_for
 from gateway.store.redis import RedisStore
+from tests.conftest import delete_matching
 from tests.daemons import pingpong
 from tests.fakes.webhook import Answer, FakeWebhook
 from tests.redis_server import free_port
@@ -173,13 +173,7 @@ async def chats(redis_url: str) -> AsyncIterator[Callable[[], str]]:
     run = f"e2e-{uuid.uuid4().hex[:12]}"
     numbers = itertools.count()
     yield lambda: f"{run}-{next(numbers)}"
-    client = aioredis.from_url(redis_url)
-    try:
-        keys = [k async for k in client.scan_iter(match=f"bb:{{http:{run}-*", count=1000)]
-        if keys:
-            await client.delete(*keys)
-    finally:
-        await client.aclose()
+    await delete_matching(redis_url, f"bb:{{http:{run}-*")
 
 
 @pytest.fixture

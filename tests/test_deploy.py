@@ -40,6 +40,7 @@ from gateway.cli import build_parser
 from gateway.config import load_config, parse_config
 from gateway.daemon import Daemon
 from gateway.model import Action, Reason, Turn
+from tests.conftest import delete_matching
 from tests.fakes.llm import FakeLLM, answer
 from tests.fakes.webhook import FakeWebhook
 from tests.redis_server import free_port
@@ -909,10 +910,4 @@ async def test_the_container_config_serves_reloads_and_drains(
         assert "Traceback" not in text, text
     finally:
         if store == "redis":
-            import redis.asyncio as aioredis
-
-            client = aioredis.from_url(redis_url)
-            keys = [k async for k in client.scan_iter(match=f"bb:*{tag}*", count=1000)]
-            if keys:
-                await client.delete(*keys)
-            await client.aclose()
+            await delete_matching(redis_url, f"bb:*{tag}*")

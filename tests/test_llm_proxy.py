@@ -95,15 +95,11 @@ async def test_responses_chained_on_the_server_are_one_session_and_stop(
         llm.default = repeat_tool_call("get_weather", {"city": "Brest"}, otherwise="Grey, 11 C.")
         async with proxy_daemon(llm, redis_url, key_prefix) as (d, url):
             client = openai_client(f"{url}/llm/openai/v1")
-            if kept == "conversation":
-                conversation = f"conv_{key_prefix}"
-                answer, ran = await responses_agent(
-                    client, "Weather in Brest?", stream=stream, conversation=conversation
-                )
-            else:
-                answer, ran = await responses_agent(
-                    client, "Weather in Brest?", stream=stream, chained=True
-                )
+            how: dict[str, Any] = (
+                {"conversation": f"conv_{key_prefix}"} if kept == "conversation"
+                else {"chained": True}
+            )  # fmt: skip
+            answer, ran = await responses_agent(client, "Weather in Brest?", stream=stream, **how)
             session = {c.headers.get("x-botbouncer-session") for c in llm.calls}
             actions = {a: d.metrics.llm_requests.labels("openai", a)._value.get()
                        for a in ("forwarded", "noted", "tools_disabled")}  # fmt: skip

@@ -284,7 +284,6 @@ def test_responses_anchor_from_an_answer_whole_or_streamed_is_its_historys() -> 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_responses_final_answer_and_note_as_the_sdk_reads_them(stream: bool) -> None:
-    import openai
     from openai.types.responses import Response, ResponseStreamEvent
     from pydantic import TypeAdapter
 
@@ -310,7 +309,8 @@ def test_responses_final_answer_and_note_as_the_sdk_reads_them(stream: bool) -> 
                               {"role": "system", "content": "note"}]  # fmt: skip
     assert noted["tool_choice"] == "none"
     err = json.loads(d.error(429, "spent", "budget_exhausted"))
-    assert err["error"]["type"] == "insufficient_quota" and openai.RateLimitError
+    assert err["error"] == {"message": "spent", "type": "insufficient_quota", "param": None,
+                            "code": "budget_exhausted"}  # fmt: skip
 
 
 # -- any shape of body or answer --------------------------------------------------------

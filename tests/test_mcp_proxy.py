@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
@@ -58,6 +57,7 @@ from gateway.guard.engine import RedisEngine
 from gateway.guard.profiles import GuardConfig
 from gateway.guard.service import Guard
 from gateway.store.redis import RedisStore
+from tests.conftest import delete_matching
 from tests.redis_server import free_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -239,13 +239,7 @@ def write_config(path: Path, store_url: str = "memory://") -> Path:
 async def session_name(redis_url: str, key_prefix: str) -> AsyncIterator[str]:
     """A guard session for this test; its Redis key is deleted afterwards."""
     yield key_prefix
-    client = aioredis.from_url(redis_url)
-    try:
-        keys = [k async for k in client.scan_iter(match=f"bb:guard:{{{key_prefix}*", count=1000)]
-        if keys:
-            await client.delete(*keys)
-    finally:
-        await client.aclose()
+    await delete_matching(redis_url, f"bb:guard:{{{key_prefix}*")
 
 
 @pytest.fixture

@@ -94,7 +94,8 @@ class Chains:
             return None
         if not isinstance(session, str) or not isinstance(calls, list):
             return None
-        return session, [c for c in calls if isinstance(c, list) and len(c) == 4]
+        kept = [c for c in calls if isinstance(c, list) and len(c) == 4]
+        return session, [c for c in kept if all(isinstance(x, str) for x in c)]
 
     async def remember(self, key: str, session: str, calls: list[list[str]]) -> None:
         await self.store.set_cursor(self._name(key), json.dumps([session, calls]))

@@ -106,7 +106,6 @@ class ToolCalls:
         self.profile = profile
         self.warn_note = warn_note
         self.pending: dict[RequestId, Pending] = {}
-        self.blocked = 0
         self.recording: set[asyncio.Task[None]] = set()  # results being recorded
         self.note: str | None = None  # a result's warning, for the next result
 
@@ -127,7 +126,6 @@ class ToolCalls:
         await self.settle()  # judged on every result before it
         answer = await self._check("step", {"tool": params.name, "args": params.arguments or {}})
         if answer is not None and answer.decision == "block":
-            self.blocked += 1
             log.info("mcp proxy session=%s block %s: %s not called", self.session,
                      answer.reason, params.name)  # fmt: skip
             result = mcp.CallToolResult(
