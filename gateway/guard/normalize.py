@@ -172,12 +172,21 @@ VOLATILE_KEYS = (
     "run_id", "timestamp", "ts", "started_at", "finished_at", "ended_at", "created_at",
     "updated_at",
 )  # fmt: skip
-# The same in plain text: clock times, durations, process ids, UUIDs.
+# The same in plain text: clock times, durations, process ids, UUIDs. Written
+# as one character class and then the four patterns (a date and time; a clock
+# time, a duration and a UUID, each at the start of a word), so that Python's
+# regex engine can skip, in C, every character that cannot start one: the
+# obvious spelling, an alternation of `\d{4}-...`, `\b\d{1,2}:...`,
+# `\b\d+...` and `\b[0-9a-fA-F]{8}-...`, matches exactly the same (a test
+# compares them) but is tried at every character, 1.4 to 2.7 times slower on
+# a kilobyte of tool output.
 _VOLATILE_TEXT = re.compile(
-    r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?"
-    r"|\b\d{1,2}:\d{2}:\d{2}(?:[.,]\d+)?\b"
-    r"|\b\d+(?:[.,]\d+)?\s?(?:ms|s|sec|secs|seconds?|milliseconds?|us|µs|ns)\b"
-    r"|\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b",
+    r"[\da-fA-F](?:(?<=\d)(?:"
+    r"\d{3}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?"
+    r"|(?<!\w\w)(?:\d?:\d{2}:\d{2}(?:[.,]\d+)?\b"
+    r"|\d*(?:[.,]\d+)?\s?(?:ms|s|sec|secs|seconds?|milliseconds?|us|µs|ns)\b))"
+    r"|(?<=[0-9a-fA-F])(?<!\w\w)"
+    r"[0-9a-fA-F]{7}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b)"
 )
 _DIGITS = re.compile(r"\d+")
 
@@ -197,7 +206,7 @@ def volatile_text(text: str, keys: frozenset[str]) -> str:
     """`text` with its clock times, durations and UUIDs masked, and the value
     of every `key=value` / `key: value` whose key is volatile."""
     text = _VOLATILE_TEXT.sub("~", text)
-    if keys:
+    if keys and ("=" in text or ":" in text):  # a scan in C, before the regex's
         text = _KEY_VALUE.sub(lambda m: m[1] + "~" if _key(m[2]) in keys else m[0], text)
     return text
 
