@@ -51,11 +51,17 @@ end). The daemon's /metrics after each store says what the guard answered
 and what the proxy did: anything but `allow` and `forwarded` means b did not
 just forward (exit 2). LLM_TURNS (8) and LLM_MODEL_MS (20) shape the agent.
 
+BENCH_FLOORS=1 adds two contestants to every round, in turn with a and b:
+`relay`, a bare aiohttp reverse proxy (`llm_proxy.py relay ...`: the hop any
+Python proxy pays), and `unguarded`, b's daemon with its guard's calls made
+free (`llm_proxy.py unguarded ...`, on memory://: the hop plus the proxy's
+own reading and relaying); each is reported over a, beside b.
 Targets (b/a, medians of the rounds): whole p50 and p99 <= 1.10, streamed
 TTFB p50 <= 1.05. Exit 0 when measured, whether PASS or MISS; 2 when it could
 not measure. Last line: `p50_ratio=<x> p99_ratio=<x> ttfb_ratio=<x>` for
 Redis at the first concurrency, `seq_...` at one at a time, then the same
-for memory prefixed `memory_`.
+for memory prefixed `memory_`; with the floors, `<floor>_p50_ratio` and
+`<floor>_ttfb_ratio` after b's.
 """
 
 from __future__ import annotations
@@ -90,6 +96,7 @@ TURNS = int(os.environ.get("LLM_TURNS", "8"))  # model requests per conversation
 MODEL_MS = float(os.environ.get("LLM_MODEL_MS", "20"))
 CHUNKS = int(os.environ.get("LLM_CHUNKS", "4"))  # parts of a round, alternating a and b
 CLIENT = os.environ.get("LLM_CLIENT", "aiohttp")  # or sdk
+FLOORS = os.environ.get("BENCH_FLOORS", "0") not in ("", "0")
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14")
 P50_TARGET = 1.10  # whole answers, b/a, at most
 P99_TARGET = 1.10
@@ -168,10 +175,24 @@ async def serve_upstream(turns: int, model_ms: float) -> None:
 # -- b's daemon ---------------------------------------------------------------------
 
 
-async def serve_daemon(config_path: str, prefix: str) -> None:
-    """gateway.daemon.serve, with the Redis store's keys under `prefix`."""
+async def serve_daemon(config_path: str, prefix: str, guarded: bool = True) -> None:
+    """gateway.daemon.serve, with the Redis store's keys under `prefix`;
+    `guarded` False: the floor `unguarded`, the same proxy with its guard's
+    calls made free (every request forwarded as read, no usage counted)."""
     from gateway.config import load_config
     from gateway.daemon import GC_YOUNG, Daemon
+
+    if not guarded:
+        from gateway.llmproxy import proxy
+
+        async def check(*_: Any) -> proxy.Verdict:
+            return proxy.Verdict(None, "forwarded")
+
+        async def account(*_: Any) -> None:
+            return None
+
+        proxy.LlmProxy._check = check  # type: ignore[method-assign]
+        proxy.LlmProxy._account = account  # type: ignore[method-assign]
 
     daemon = Daemon(load_config(config_path))
     store = getattr(daemon.store, "primary", daemon.store)
@@ -190,12 +211,62 @@ async def serve_daemon(config_path: str, prefix: str) -> None:
         await daemon.stop()
 
 
-def run_daemon(config_path: str, prefix: str) -> int:
+def run_daemon(config_path: str, prefix: str, guarded: bool = True) -> int:
     from gateway.logs import setup_logging
 
     setup_logging("info", "text")
-    asyncio.run(serve_daemon(config_path, prefix))
+    asyncio.run(serve_daemon(config_path, prefix, guarded))
     return 0
+
+
+# -- the floor `relay`: a reverse proxy with nothing of botbouncer's ------------------
+
+# Hop-by-hop headers (RFC 9110 7.6.1), and what aiohttp sets itself.
+HOP = frozenset({"connection", "keep-alive", "proxy-connection", "te", "trailer",
+                 "transfer-encoding", "upgrade", "host", "content-length"})  # fmt: skip
+
+
+async def serve_relay(upstream_root: str) -> None:
+    """The least an HTTP proxy on aiohttp does: read the request, send it on
+    with one kept-alive client session, pass the answer back chunk by chunk.
+    Prints its root URL once it listens."""
+    import aiohttp
+    from aiohttp import web
+
+    session = aiohttp.ClientSession()
+
+    async def relay(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
+        async with session.request(request.method, upstream_root + request.path_qs,
+                                   data=body, headers=headers) as upstream:  # fmt: skip
+            out = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+            for k, v in upstream.headers.items():
+                if k.lower() not in HOP:
+                    out.headers.add(k, v)
+            await out.prepare(request)
+            async for chunk in upstream.content.iter_any():
+                await out.write(chunk)
+            await out.write_eof()
+            return out
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", relay)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopping.set)
+    gc.collect()
+    gc.freeze()
+    port = runner.addresses[0][1]
+    print(f"http://127.0.0.1:{port}", flush=True)
+    await stopping.wait()
+    await runner.cleanup()
+    await session.close()
 
 
 # -- the agents (this process) ----------------------------------------------------------
@@ -441,18 +512,17 @@ def header() -> str:
     return f"{'':<9}{cells}{'req/s':>8}{cpu}   (ms; then CPU ms per request, by process)"
 
 
-async def alternate(
-    a: Contestant, b: Contestant, c: int, n: int, first: Contestant
-) -> dict[str, Run]:
-    """One round: `n` conversations each, in CHUNKS parts alternating
-    first-second-second-first..., each contestant's parts as one run. A slow
-    spell of the machine (seconds, on the machine this was written on) then
-    falls on both sides, not on whichever ran while it lasted."""
-    second = b if first is a else a
-    parts: dict[str, list[Run]] = {"a": [], "b": []}
+async def alternate(contestants: list[Contestant], c: int, n: int, first: int) -> dict[str, Run]:
+    """One round: `n` conversations each, in CHUNKS parts, the contestants
+    in turn from `first` and back again (a b b a ..., or a b f u u f b a ...
+    with the floors), each contestant's parts as one run. A slow spell of the
+    machine (seconds, on the machine this was written on) then falls on every
+    side, not on whichever ran while it lasted."""
+    order = contestants[first:] + contestants[:first]
+    parts: dict[str, list[Run]] = {x.who: [] for x in contestants}
     sizes = [n // CHUNKS + (1 if i < n % CHUNKS else 0) for i in range(CHUNKS)]
     for i, size in enumerate(sizes):
-        for x in (first, second) if i % 2 == 0 else (second, first):
+        for x in order if i % 2 == 0 else order[::-1]:
             if size:
                 parts[x.who].append(await x.run(c, size))
     return {who: joined(runs) for who, runs in parts.items()}
@@ -470,64 +540,99 @@ def joined(runs: list[Run]) -> Run:
     return out
 
 
-Pair = tuple[dict[str, float], dict[str, float]]  # one round's figures: a's, b's
+Figures = dict[str, dict[str, float]]  # one round's figures by contestant (a, b, floors)
+
+
+@dataclass
+class Floor:
+    """A floor's process: `who` its contestant's name, `base` its OpenAI root."""
+
+    who: str
+    base: str
+    proc: subprocess.Popen[bytes]
 
 
 async def measure_store(
-    store: str, upstream_root: str, upstream_pid: int, workdir: Path, logs: list[Path]
-) -> tuple[dict[int, list[Pair]], dict[str, float]]:
-    """Rounds of a and b at each concurrency, b on a daemon with `store`:
-    each round's figures per concurrency, and what the daemon's metrics counted."""
-    from tests.redis_server import free_port
-
+    store: str,
+    upstream_root: str,
+    upstream_pid: int,
+    workdir: Path,
+    logs: list[Path],
+    floors: list[Floor],
+) -> tuple[dict[int, list[Figures]], dict[str, float]]:
+    """Rounds of a, b (and the floors) at each concurrency, b on a daemon
+    with `store`: each round's figures per concurrency, and what the daemon's
+    metrics counted."""
     prefix = f"bench-llm-proxy-{os.getpid()}-{store}"
     url = REDIS_URL if store == "redis" else "memory://"
-    port = free_port()
-    config = workdir / f"{store}.yml"
-    section = {"openai": {"upstream": upstream_root}}
-    listen = {"listen": f"127.0.0.1:{port}"}
-    doc = {"store": {"url": url}, "http": listen, "llm_proxy": section, "bots": []}
-    config.write_text(json.dumps(doc), encoding="utf-8")
-    log = workdir / f"daemon-{store}.log"
-    logs.append(log)
-    proc = spawn(["daemon", str(config), prefix], log)
-    daemon = f"http://127.0.0.1:{port}"
-    a = b = None
-    rounds: dict[int, list[Pair]] = {c: [] for c in CONCURRENCY}
+    proc, daemon = await start_daemon("daemon", url, upstream_root, workdir, logs, prefix)
+    sides: list[Contestant] = []
+    rounds: dict[int, list[Figures]] = {c: [] for c in CONCURRENCY}
     try:
-        await wait_healthy(daemon, proc, f"the daemon on {store}")
-        a = Contestant("a", f"{upstream_root}/v1", {"fake": upstream_pid})
-        b = Contestant("b", f"{daemon}/llm/openai/v1", {"fake": upstream_pid, "daemon": proc.pid})
+        sides.append(Contestant("a", f"{upstream_root}/v1", {"fake": upstream_pid}))
+        pids = {"fake": upstream_pid, "daemon": proc.pid}
+        sides.append(Contestant("b", f"{daemon}/llm/openai/v1", pids))
+        for f in floors:
+            pids = {"fake": upstream_pid, "daemon": f.proc.pid}
+            sides.append(Contestant(f.who, f.base, pids))
         plans = [(c, CONVERSATIONS if c > 1 else max(2, CONVERSATIONS // 6)) for c in CONCURRENCY]
         for c, n in plans:  # warm-up: connections, caches, the script cache
-            await a.run(c, n)
-            await b.run(c, n)
+            for x in sides:
+                await x.run(c, n)
         before = await metrics(daemon)
         for r in range(ROUNDS):
             for c, n in plans:
-                runs = await alternate(a, b, c, n, first=a if r % 2 == 0 else b)
-                fa, fb = runs["a"].figures(), runs["b"].figures()
-                rounds[c].append((fa, fb))
+                runs = await alternate(sides, c, n, first=r % len(sides))
+                figures = {who: run.figures() for who, run in runs.items()}
+                rounds[c].append(figures)
                 if r == 0:
                     print(f"-- {store}, {c} at once, {n} conversations of {TURNS} "
                           f"requests a side a round, in {CHUNKS} parts a side; "
                           f"round 1 --\n{header()}")  # fmt: skip
                 else:
                     print(f"-- {store}, {c} at once, round {r + 1} --")
-                print(row("a", runs["a"]))
-                print(row("b", runs["b"]))
-                print(ratio_row("b/a", {k: fb[k] / fa[k] for k in fa}), flush=True)
+                for x in sides:
+                    print(row(x.who, runs[x.who]))
+                fa = figures["a"]
+                for x in sides[1:]:
+                    fx = figures[x.who]
+                    print(ratio_row(f"{x.who}/a", {k: fx[k] / fa[k] for k in fa}), flush=True)
         after = await metrics(daemon)
         if store == "redis" and not await count_keys(f"{prefix}:*"):
             raise Unmeasurable(f"no keys under {prefix}: the daemon did not use {REDIS_URL}")
     finally:
-        for x in (a, b):
-            if x is not None:
-                await x.close()
+        for x in sides:
+            await x.close()
         stop([proc], f"daemon on {store}")
         if store == "redis":
             await delete_matching(REDIS_URL, f"{prefix}:*")
     return rounds, {k: after.get(k, 0) - before.get(k, 0) for k in after}
+
+
+async def start_daemon(
+    role: str, url: str, upstream_root: str, workdir: Path, logs: list[Path], prefix: str
+) -> tuple[subprocess.Popen[bytes], str]:
+    """This file's `role` (daemon, unguarded) on the store at `url`, healthy:
+    its process and root URL."""
+    from tests.redis_server import free_port
+
+    port = free_port()
+    name = f"{role}-{prefix.rsplit('-', 1)[-1]}"
+    config = workdir / f"{name}.yml"
+    section = {"openai": {"upstream": upstream_root}}
+    listen = {"listen": f"127.0.0.1:{port}"}
+    doc = {"store": {"url": url}, "http": listen, "llm_proxy": section, "bots": []}
+    config.write_text(json.dumps(doc), encoding="utf-8")
+    log = workdir / f"{name}.log"
+    logs.append(log)
+    proc = spawn([role, str(config), prefix], log)
+    daemon = f"http://127.0.0.1:{port}"
+    try:
+        await wait_healthy(daemon, proc, f"the {role} on {url}")
+    except BaseException:
+        stop([proc], f"{role} on {url}")
+        raise
+    return proc, daemon
 
 
 async def count_keys(pattern: str) -> int:
@@ -564,19 +669,39 @@ def spawn(args: list[str], log: Path, stdout: int | None = None) -> subprocess.P
                                 stdout=sink if stdout is None else stdout, stderr=sink)  # fmt: skip
 
 
-async def start_upstream(workdir: Path, logs: list[Path]) -> tuple[subprocess.Popen[bytes], str]:
-    log = workdir / "upstream.log"
+async def start_printing(
+    args: list[str], what: str, workdir: Path, logs: list[Path]
+) -> tuple[subprocess.Popen[bytes], str]:
+    """This file in the role `args` names, which prints its root URL when it listens."""
+    log = workdir / f"{args[0]}.log"
     logs.append(log)
-    proc = spawn(["upstream", str(TURNS), str(MODEL_MS)], log, subprocess.PIPE)
+    proc = spawn(args, log, subprocess.PIPE)
     assert proc.stdout is not None
     try:
         line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), READY_S)
     except TimeoutError:
         line = b""
     if not line.startswith(b"http://"):
-        stop([proc], "upstream")
-        raise Unmeasurable(f"the fake upstream did not start: {log.read_text()[-2000:]}")
+        stop([proc], args[0])
+        raise Unmeasurable(f"{what} did not start: {log.read_text()[-2000:]}")
     return proc, line.decode().strip()
+
+
+async def start_floors(upstream_root: str, workdir: Path, logs: list[Path]) -> list[Floor]:
+    """BENCH_FLOORS: `relay` (a bare aiohttp reverse proxy) and `unguarded`
+    (b's daemon with its guard's calls made free, on memory://)."""
+    floors: list[Floor] = []
+    try:
+        proc, root = await start_printing(["relay", upstream_root], "the relay", workdir, logs)
+        floors.append(Floor("relay", f"{root}/v1", proc))
+        prefix = f"bench-llm-proxy-{os.getpid()}-unguarded"
+        proc, daemon = await start_daemon("unguarded", "memory://", upstream_root, workdir,
+                                          logs, prefix)  # fmt: skip
+        floors.append(Floor("unguarded", f"{daemon}/llm/openai/v1", proc))
+    except BaseException:
+        stop([f.proc for f in floors], "floors")
+        raise
+    return floors
 
 
 async def measure() -> str:
@@ -584,12 +709,19 @@ async def measure() -> str:
         await check_reachable(REDIS_URL)
     with tempfile.TemporaryDirectory(prefix="bench-llm-proxy-") as tmp:
         workdir, logs = Path(tmp), []
-        upstream, root = await start_upstream(workdir, logs)
+        upstream, root = await start_printing(
+            ["upstream", str(TURNS), str(MODEL_MS)], "the fake upstream", workdir, logs
+        )
         results = {}
+        floors: list[Floor] = []
         try:
+            if FLOORS:
+                floors = await start_floors(root, workdir, logs)
             for store in STORES:
                 print(f"== b's store: {store} ==", flush=True)
-                rounds, counted = await measure_store(store, root, upstream.pid, workdir, logs)
+                rounds, counted = await measure_store(
+                    store, root, upstream.pid, workdir, logs, floors
+                )
                 results[store] = rounds
                 say_metrics(store, counted)
                 print(flush=True)
@@ -600,7 +732,7 @@ async def measure() -> str:
                     print(f"--- {log.name} ---\n" + "\n".join(tail), file=sys.stderr)
             raise
         finally:
-            stop([upstream], "upstream")
+            stop([f.proc for f in floors] + [upstream], "upstream and floors")
     return report(results)
 
 
@@ -618,39 +750,56 @@ def say_metrics(store: str, counted: dict[str, float]) -> None:
         raise Unmeasurable(f"b did not just forward every request ({odd or 'no guard checks'})")
 
 
-def report(results: dict[str, dict[int, list[Pair]]]) -> str:
+def report(results: dict[str, dict[int, list[Figures]]]) -> str:
     """Per store and concurrency: the medians of the rounds' b/a with their
-    range, b - a in ms, the verdicts; the last line's keys."""
+    range, b - a in ms, the verdicts, and each floor's own over a; the last
+    line's keys."""
     print("medians of the rounds' b/a [lowest-highest round]; b - a in ms, median [range]:")
     last = []
     for store, by_c in results.items():
-        for c, pairs in by_c.items():
-            ratios = [{k: fb[k] / fa[k] for k in fa} for fa, fb in pairs]
-            added = [{k: (fb[k] - fa[k]) * 1000 for k in fa} for fa, fb in pairs]
-            med = {k: statistics.median(r[k] for r in ratios) for k in ratios[0]}
-
-            def said(k: str, ratios: list[dict[str, float]] = ratios) -> str:
-                xs = [r[k] for r in ratios]
-                return f"{statistics.median(xs):.3f} [{min(xs):.3f}-{max(xs):.3f}]"
-
-            def ms(k: str, added: list[dict[str, float]] = added) -> str:
-                xs = [r[k] for r in added]
-                return f"{statistics.median(xs):+.1f} [{min(xs):+.1f}..{max(xs):+.1f}]"
-
-            print(f"{store}, {c} at once: whole p50 {said('p50')}, p99 {said('p99')}; "
-                  f"TTFB p50 {said('ttfb')}, p99 {said('ttfb_p99')}; "
-                  f"stream p50 {said('stream')}, p99 {said('stream_p99')}")  # fmt: skip
-            print(f"  b - a: whole p50 {ms('p50')} ms, p99 {ms('p99')} ms; "
-                  f"TTFB p50 {ms('ttfb')} ms")  # fmt: skip
-            for k, target, what in (("p50", P50_TARGET, "whole p50"),
-                                    ("p99", P99_TARGET, "whole p99"),
-                                    ("ttfb", TTFB_TARGET, "TTFB p50")):  # fmt: skip
-                print(f"  {what} b/a {med[k]:.3f} (target <= {target:.2f}): "
-                      f"{verdict(med[k] <= target)}")  # fmt: skip
+        for c, rounds in by_c.items():
             mode = "" if c == CONCURRENCY[0] else "seq_" if c == 1 else f"c{c}_"
             pre = ("" if store == "redis" else f"{store}_") + mode
-            last += [f"{pre}{k}_ratio={med[k]:.3f}" for k in ("p50", "p99", "ttfb")]
+            for who in rounds[0]:
+                if who == "a":
+                    continue
+                pairs = [(figures["a"], figures[who]) for figures in rounds]
+                med = said_over_a(f"{store}, {c} at once", who, pairs)
+                if who == "b":
+                    for k, target, what in (("p50", P50_TARGET, "whole p50"),
+                                            ("p99", P99_TARGET, "whole p99"),
+                                            ("ttfb", TTFB_TARGET, "TTFB p50")):  # fmt: skip
+                        print(f"  {what} b/a {med[k]:.3f} (target <= {target:.2f}): "
+                              f"{verdict(med[k] <= target)}")  # fmt: skip
+                    last += [f"{pre}{k}_ratio={med[k]:.3f}" for k in ("p50", "p99", "ttfb")]
+                else:
+                    last += [f"{pre}{who}_{k}_ratio={med[k]:.3f}" for k in ("p50", "ttfb")]
     return " ".join(last)
+
+
+def said_over_a(
+    where: str, who: str, pairs: list[tuple[dict[str, float], dict[str, float]]]
+) -> dict[str, float]:
+    """Prints `who`'s figures over a's (the medians of the rounds' ratios,
+    with their range, and `who` - a in ms); returns the medians."""
+    ratios = [{k: fx[k] / fa[k] for k in fa} for fa, fx in pairs]
+    added = [{k: (fx[k] - fa[k]) * 1000 for k in fa} for fa, fx in pairs]
+
+    def said(k: str) -> str:
+        xs = [r[k] for r in ratios]
+        return f"{statistics.median(xs):.3f} [{min(xs):.3f}-{max(xs):.3f}]"
+
+    def ms(k: str) -> str:
+        xs = [r[k] for r in added]
+        return f"{statistics.median(xs):+.1f} [{min(xs):+.1f}..{max(xs):+.1f}]"
+
+    floor = "" if who == "b" else f" (floor {who})"
+    print(f"{where}{floor}: {who}/a whole p50 {said('p50')}, p99 {said('p99')}; "
+          f"TTFB p50 {said('ttfb')}, p99 {said('ttfb_p99')}; "
+          f"stream p50 {said('stream')}, p99 {said('stream_p99')}")  # fmt: skip
+    print(f"  {who} - a: whole p50 {ms('p50')} ms, p99 {ms('p99')} ms; "
+          f"TTFB p50 {ms('ttfb')} ms")  # fmt: skip
+    return {k: statistics.median(r[k] for r in ratios) for k in ratios[0]}
 
 
 def main() -> int:
@@ -659,6 +808,11 @@ def main() -> int:
         return 0
     if sys.argv[1:2] == ["daemon"]:
         return run_daemon(sys.argv[2], sys.argv[3])
+    if sys.argv[1:2] == ["unguarded"]:
+        return run_daemon(sys.argv[2], sys.argv[3], guarded=False)
+    if sys.argv[1:2] == ["relay"]:
+        asyncio.run(serve_relay(sys.argv[2]))
+        return 0
     started = time.perf_counter()
     print(f"{ROUNDS} rounds per store; model time {MODEL_MS:g} ms; {TURNS} requests a "
           f"conversation; concurrency {', '.join(map(str, CONCURRENCY))}", flush=True)  # fmt: skip
