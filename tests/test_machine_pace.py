@@ -14,6 +14,9 @@ from gateway.backends import EchoBackend
 from gateway.model import Action, Author, ChatKind, ChatRef, Message, Reason
 from gateway.pipeline import Gateway
 from gateway.store import Store
+from gateway.store.base import PACE_SWEEP_AT
+from gateway.store.memory import MemoryStore
+from gateway.store.redis import RedisStore
 from tests.test_pipeline import bot_config
 
 DM = ChatRef(platform="http", id="dm-auto", kind=ChatKind.DM)
@@ -141,3 +144,30 @@ async def test_known_bots_are_bots_whatever_the_platform_says(store: Store) -> N
     got = await converse(answered, clock, dm, "autobot", [0.1] * 30)
     # a bot now: the turn limit (soft 20) stops the loop, as for any bot
     assert got[20][1] is not None and got[20][0] is not Action.REPLY
+
+
+async def pace_entries(store: Store, chat: ChatRef) -> int:
+    if isinstance(store, MemoryStore):
+        return len(store._chats[chat.key].pace)
+    assert isinstance(store, RedisStore)
+    return int(await store.client.hlen(store.keys(chat.key).pace))
+
+
+async def test_a_busy_chat_keeps_only_the_pace_entries_that_still_decide(store: Store) -> None:
+    # Without the sweep, a chat answered often enough that its pace entries
+    # never lapse kept one per person ever answered (here 300).
+    clock = Clock()
+    gw = Gateway(bot_config(rate_cap="{scope: groups, max_replies: 10000}"), store,
+                 EchoBackend(), clock=clock)  # fmt: skip
+    chat = ChatRef(platform="http", id="group-busy")
+    most = 0
+    for i in range(300):
+        d = await gw.handle(person(f"user{i}", "hi", f"busy-{i}", chat))
+        assert d.action is Action.REPLY
+        clock.now += 0.2
+        await gw.sent(d, f"busy-reply-{i}", d.replies[0])
+        most = max(most, await pace_entries(store, chat))
+    assert 10 <= most <= PACE_SWEEP_AT + 1
+    # and what the sweep keeps still decides: a fast run of answers back stops
+    got = await converse(gw, clock, chat, "autobot", [0.1] * 20, responder=True)
+    assert got[-1] == (Action.DROP, Reason.MACHINE_PACE)

@@ -24,6 +24,10 @@ DEDUPE_ENTRIES = 128
 # How a message's counting is written in a dedupe record (Lua writes the same).
 COUNT_CODES = {Count.BOT: "b", Count.RESET: "r", Count.NONE: "n"}
 CONTEXT_TEXT_CHARS = 500
+# Machine-pace entries per chat before the stale ones are swept (sent.lua
+# sweeps at the same size): an entry older than the pace decides nothing, and
+# in a chat busy enough never to lapse, one per person ever answered was kept.
+PACE_SWEEP_AT = 64
 
 
 class StoreError(Unavailable):

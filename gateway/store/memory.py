@@ -29,6 +29,7 @@ from gateway.store.base import (
     COUNT_CODES,
     DECISION_LOG_SIZE,
     DEDUPE_ENTRIES,
+    PACE_SWEEP_AT,
     AdmitRequest,
     AdmitResult,
     ChatStatus,
@@ -395,7 +396,11 @@ class MemoryStore:
         answered = hold_name(req.bot, req.answered) if req.answered else None
         rec = self._count(chat, req.msg, limits, now, None, answered)
         if answered and req.answered_author and limits.pace_ms > 0:
-            chat.pace["s:" + pace_name(req.bot, req.answered_author)] = now
+            field = "s:" + pace_name(req.bot, req.answered_author)
+            new = field not in chat.pace
+            chat.pace[field] = now
+            if new and len(chat.pace) > PACE_SWEEP_AT:
+                _sweep_pace(chat, now, limits.pace_ms)
         if req.log is not None:
             _log(chat, req.log)
         return SentResult(self._turn(rec, limits), rec[1], rec[2])
@@ -511,6 +516,14 @@ def _log(chat: _Chat, entry: dict[str, Any]) -> None:
     chat.log.append(_pack(entry))
     if len(chat.log) > DECISION_LOG_SIZE:
         del chat.log[0]
+
+
+def _sweep_pace(chat: _Chat, now: int, pace_ms: int) -> None:
+    """Keep the pace entries that still decide something, as sent.lua does:
+    "s:" newer than the pace and the "f:" of the same person (an older "s:"
+    times nothing, and the next message of its person resets their "f:")."""
+    fresh = {k[2:] for k, v in chat.pace.items() if k[:2] == "s:" and now - v < pace_ms}
+    chat.pace = {k: v for k, v in chat.pace.items() if k[2:] in fresh}
 
 
 def _prune_window(window: dict[str, int], cutoff: int) -> None:
