@@ -16,6 +16,7 @@ import openai
 import pytest
 from aiohttp import web
 
+from gateway.llmproxy.wire import with_key
 from gateway.store import StoreError
 from tests.fakes.llm import Behaviour, Exchange, FakeLLM, answer, hang, repeat_tool_call, status
 from tests.llm_proxy import (
@@ -419,6 +420,36 @@ async def test_stream_usage_is_read_without_the_agent_seeing_it(
     assert hidden == chunk("Hi") + b"data: [DONE]\n\n"
     assert shown == b"".join(parts)  # asked for: passed on
     assert state is not None and state["spent"]["tokens"] == 84
+
+
+async def test_the_usage_request_is_added_to_the_agents_own_bytes(
+    redis_url: str, key_prefix: str
+) -> None:
+    # The request goes on as the agent wrote it, the one key added at its
+    # end: not parsed and written anew (which cost a JSON encoding of the
+    # whole history before the first byte, and changed its spacing).
+    raw = b'{"model": "m",\n "stream": true, "messages": [{"role": "user", "content": "hi"}]}\n'
+    async with FakeLLM() as llm:
+        llm.then(scripted([chunk("Hi"), chunk(usage=True), b"data: [DONE]\n\n"]))
+        async with (
+            proxy_daemon(llm, redis_url, key_prefix) as (_, url),
+            aiohttp.ClientSession() as http,
+        ):
+            target = f"{url}/llm/openai/v1/chat/completions"
+            headers = {"Content-Type": "application/json"}
+            async with http.post(target, data=raw, headers=headers) as resp:
+                assert resp.status == 200
+                await resp.read()
+    sent = raw.rstrip()[:-1] + b',"stream_options":{"include_usage":true}}'
+    assert llm.calls[0].raw == sent
+
+
+def test_a_key_is_added_to_a_json_objects_bytes() -> None:
+    for raw in [b"{}", b' {"a": 1} ', b'{"a": [1, {}]}\r\n', b'{\n  "a": "}"\n}\n', b"{ }"]:
+        added = with_key(raw, "k", {"v": True})
+        assert added is not None and json.loads(added) == {**json.loads(raw), "k": {"v": True}}
+    assert with_key(b"[1, 2]", "k", 1) is None  # not an object
+    assert with_key('{"a": 1}'.encode("utf-16"), "k", 1) is None  # JSON, not UTF-8
 
 
 async def test_an_answer_cut_off_mid_stream_closes_the_agents_connection(

@@ -25,6 +25,7 @@ from gateway.llmproxy.wire import (
     objects,
     parse_arguments,
     text_of,
+    with_key,
 )
 
 # The error `type` of a status, beside the API's own fallbacks (server_error
@@ -189,6 +190,11 @@ class OpenAI(Dialect):
         options = dict(options) if isinstance(options, dict) else {}
         options["include_usage"] = True
         return {**body, "stream_options": options}
+
+    def prepared(self, raw: bytes, body: Json) -> bytes | None:
+        if not (self.stream_usage and self.streams(body)) or "stream_options" in body:
+            return None  # nothing to add, or options of its own (prepare merges them)
+        return with_key(raw, "stream_options", {"include_usage": True})
 
     @staticmethod
     def _asks_usage(body: Json) -> bool:

@@ -232,10 +232,14 @@ class LlmProxy:
             if verdict.action in ("noted", "tools_disabled") and a is not None:
                 off = verdict.action == "tools_disabled"
                 send = dialect.with_note(body, NOTE + a.message + (TOOLS_OFF if off else ""), off)
-            prepared = dialect.prepare(send if send is not None else body)
-            if prepared is not None:
-                send = prepared
-            data = raw if send is None else json.dumps(send).encode()
+            spliced = dialect.prepared(raw, body) if send is None else None
+            if spliced is not None:
+                data = spliced
+            else:
+                prepared = dialect.prepare(send if send is not None else body)
+                if prepared is not None:
+                    send = prepared
+                data = raw if send is None else json.dumps(send).encode()
             tap = dialect.stream_tap(body) if dialect.streams(body) else WholeTap(dialect)
             done = await self._forward(request, api, dialect, tail, data, tap, headers)
             if 200 <= done.status < 300:

@@ -283,6 +283,13 @@ class Dialect(ABC):
         """A changed body to send instead, or None to send it as it came."""
         return None
 
+    def prepared(self, raw: bytes, body: Json) -> bytes | None:
+        """`prepare`'s change made on the request's own bytes (`body` is
+        `raw` parsed), when it can be, or None: then the proxy serialises
+        `prepare(body)` again, which costs a JSON encoding of the whole
+        history on the way to the first byte."""
+        return None
+
     def continues(self, body: Json) -> str | None:
         """The key of what this request continues on the server, whose items
         it does not carry (Responses' previous_response_id, or conversation),
@@ -307,3 +314,18 @@ class Dialect(ABC):
     def model(body: Json) -> str:
         model = body.get("model")
         return model if isinstance(model, str) else ""
+
+
+def with_key(raw: bytes, key: str, value: Json) -> bytes | None:
+    """`raw`, the UTF-8 text of a JSON object without `key`, with `key: value`
+    added at its end; None for a text in another encoding (UTF-16 and 32 are
+    JSON too) or one that is not an object."""
+    if json.detect_encoding(raw) != "utf-8":
+        return None
+    text = raw.rstrip(b" \t\r\n")
+    if not text.endswith(b"}"):
+        return None
+    text = text[:-1].rstrip(b" \t\r\n")
+    comma = b"" if text.endswith(b"{") else b","  # only the object's own brace ends so
+    pair = json.dumps({key: value}, separators=(",", ":")).encode()
+    return text + comma + pair[1:]

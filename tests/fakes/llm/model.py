@@ -87,6 +87,7 @@ class Call:
     path: str = "/v1/chat/completions"  # or /v1/messages, /v1/responses
     api: Api = "openai"
     method: str = "POST"
+    raw: bytes = b""  # the request body's bytes as they came
 
     @property
     def stream(self) -> bool:

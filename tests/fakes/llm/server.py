@@ -111,11 +111,12 @@ class FakeLLM:
 
     async def _record(self, request: web.Request, api: Api) -> Call:
         headers = {k.lower(): v for k, v in request.headers.items()}
+        raw = await request.read() if request.can_read_body else b""
         try:
-            body = json.loads(await request.read()) if request.can_read_body else None
+            body = json.loads(raw) if raw else None
         except (ValueError, RecursionError):  # not JSON, or nested past Python's stack
             body = None
-        call = Call(body if isinstance(body, dict) else None, headers, "")
+        call = Call(body if isinstance(body, dict) else None, headers, "", raw=raw)
         call.path, call.api, call.method = request.path, api, request.method
         self.calls.append(call)
         return call
