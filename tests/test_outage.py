@@ -442,6 +442,40 @@ async def test_script_flush_and_a_restart_that_loses_every_key_never_reach_a_cha
     assert traffic.during("flushed") and traffic.during("restarted")
 
 
+async def test_cursors_go_through_the_scripts_pipeline(
+    redis: RedisServer, store: FailoverStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The LLM proxy reads and keeps a cursor on every request: they share the
+    scripts' round trips and deadline, not redis-py's own command path."""
+    batches = store.primary._batch
+    assert batches is not None
+    real, sent = batches.call, []
+
+    async def call(*args: Any) -> Any:
+        sent.append(args[0])
+        return await real(*args)
+
+    monkeypatch.setattr(batches, "call", call)
+    await store.set_cursor("llm:s-1", '["k1", "k2"]')
+    assert await store.get_cursor("llm:s-1") == '["k1", "k2"]'
+    assert await store.get_cursor("llm:never") is None
+    assert sent == ["SET", "GET", "GET"]
+    client = aioredis.from_url(redis.url)
+    try:
+        ttl = await client.pttl(f"{store.primary.prefix}:cursor:llm:s-1")
+    finally:
+        await client.aclose()
+    assert 0 < ttl <= 7 * 86400 * 1000  # the state TTL
+    assert redis.proc is not None
+    redis.proc.send_signal(signal.SIGSTOP)  # a frozen Redis costs one timeout, as a script's
+    try:
+        got, took = await timed(store.get_cursor("llm:s-1"))
+        assert store.degraded and store.timeout <= took < ADDED_LATENCY
+        assert got == '["k1", "k2"]'  # kept in this process's memory too
+    finally:
+        redis.proc.send_signal(signal.SIGCONT)
+
+
 async def test_a_cursor_saved_while_redis_is_away_is_read_back_from_memory(
     redis: RedisServer, store: FailoverStore
 ) -> None:

@@ -108,7 +108,8 @@ class FailoverStore:
         fails now. Other parts on the same Redis (the agent guard) use this.
 
         `scripted`: on_redis() is one script call (RedisStore's admit,
-        record_sent, release, call), which a RedisStore whose calls are
+        record_sent, release, call) or one command through the same pipeline
+        (its cursors), which a RedisStore whose calls are
         `bounded` times out by itself: no timer of its own then, on the path
         every message takes."""
         if self.error is None:
@@ -290,15 +291,18 @@ class FailoverStore:
         )
 
     async def get_cursor(self, name: str) -> str | None:
+        # one call through RedisStore's pipeline, as a script call
         return await self.run(
-            lambda: self.primary.get_cursor(name), lambda: self.fallback.get_cursor(name)
+            lambda: self.primary.get_cursor(name),
+            lambda: self.fallback.get_cursor(name),
+            scripted=True,
         )
 
     async def set_cursor(self, name: str, value: str) -> None:
         # Saved in both: a position taken while Redis was away is not lost
         # when it comes back (an older one there is only repeats, deduplicated).
         await self.fallback.set_cursor(name, value)
-        await self.run(lambda: self.primary.set_cursor(name, value), _nothing)
+        await self.run(lambda: self.primary.set_cursor(name, value), _nothing, scripted=True)
 
     async def claim(self, name: str, ttl_ms: int) -> bool:
         return await self.run(

@@ -555,14 +555,27 @@ class RedisStore:
             raw = await self.client.lrange(self.keys(chat).log, 0, limit - 1)
         return [unpack_log(r) for r in raw]
 
+    # Cursors are on the LLM proxy's path (every request reads and keeps one):
+    # they share the scripts' round trips and their lean reading of answers,
+    # where redis-py's own command path cost that daemon as much CPU as its
+    # guard's script calls (bench/README.md, the LLM proxy's third pass).
+
     async def get_cursor(self, name: str) -> str | None:
+        key = f"{self.prefix}:cursor:{name}"
         with failing("reading a cursor"):
-            value = await self.client.get(f"{self.prefix}:cursor:{name}")
+            if self._batch is None:
+                value = await self.client.get(key)
+            else:
+                value = await self._batch.call("GET", key)
         return None if value is None else str(value)
 
     async def set_cursor(self, name: str, value: str) -> None:
+        key = f"{self.prefix}:cursor:{name}"
         with failing("saving a cursor"):
-            await self.client.set(f"{self.prefix}:cursor:{name}", value, px=self._state_ttl)
+            if self._batch is None:
+                await self.client.set(key, value, px=self._state_ttl)
+            else:
+                await self._batch.call("SET", key, value, "PX", self._state_ttl)
 
     async def claim(self, name: str, ttl_ms: int) -> bool:
         with failing("claiming"):
