@@ -143,6 +143,18 @@ def conversation_of(messages: list[Any]) -> int:
     return 0
 
 
+def serving() -> asyncio.Event:
+    """An event SIGINT or SIGTERM sets; what is alive so far frozen out of the
+    collector's way (as the daemon does after its start)."""
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopping.set)
+    gc.collect()
+    gc.freeze()
+    return stopping
+
+
 async def serve_upstream(turns: int, model_ms: float) -> None:
     from tests.fakes.llm import FakeLLM, Reply, ToolCall, respond, slow
     from tests.fakes.llm.model import Call
@@ -158,12 +170,7 @@ async def serve_upstream(turns: int, model_ms: float) -> None:
     llm = FakeLLM()
     llm.default = slow(model_ms / 1000, respond(model, "agent model"))
     await llm.start()
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stopping.set)
-    gc.collect()
-    gc.freeze()
+    stopping = serving()
     print(llm.anthropic_base_url, flush=True)  # the root: /v1/chat/completions under it
     while not stopping.is_set():
         llm.calls.clear()  # the fake records every call: not kept here
@@ -256,12 +263,7 @@ async def serve_relay(upstream_root: str) -> None:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stopping.set)
-    gc.collect()
-    gc.freeze()
+    stopping = serving()
     port = runner.addresses[0][1]
     print(f"http://127.0.0.1:{port}", flush=True)
     await stopping.wait()
