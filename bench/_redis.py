@@ -31,10 +31,14 @@ def verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
 
-def redis_server_class() -> Any:
-    """tests/redis_server.py's RedisServer (bench/ runs without the repo root on sys.path)."""
+def _redis_server() -> Any:
+    """tests/redis_server.py (bench/ runs without the repo root on sys.path)."""
     sys.path.insert(0, str(ROOT / "tests"))
-    return importlib.import_module("redis_server").RedisServer
+    return importlib.import_module("redis_server")
+
+
+def redis_server_class() -> Any:
+    return _redis_server().RedisServer
 
 
 async def check_reachable(url: str) -> None:
@@ -61,15 +65,8 @@ async def redis_version(url: str) -> str:
 
 async def delete_matching(url: str, *patterns: str) -> None:
     """Delete the keys matching each SCAN pattern (a benchmark's own, on a
-    shared REDIS_URL)."""
-    client = aioredis.from_url(url)
-    try:
-        for pattern in patterns:
-            keys = [k async for k in client.scan_iter(match=pattern, count=1000)]
-            if keys:
-                await client.delete(*keys)
-    finally:
-        await client.aclose()
+    shared REDIS_URL): tests/redis_server.py's, which the tests use too."""
+    await _redis_server().delete_matching(url, *patterns)
 
 
 def main_on_redis(name: str, measure: Callable[[str, bool], Coroutine[Any, Any, str]]) -> int:

@@ -117,19 +117,6 @@ async def stores(request: pytest.FixtureRequest, key_prefix: str) -> AsyncIterat
         await store.close()
 
 
-async def delete_matching(redis_url: str, *patterns: str) -> None:
-    """Leave a shared Redis as it was found: drop the keys matching each SCAN
-    pattern (a test's own, named by its run's id)."""
-    client = aioredis.from_url(redis_url)
-    try:
-        for pattern in patterns:
-            keys = [k async for k in client.scan_iter(match=pattern, count=1000)]
-            if keys:
-                await client.delete(*keys)
-    finally:
-        await client.aclose()
-
-
 async def delete_prefix(store: Store, prefix: str) -> None:
     """Leave a shared Redis as it was found: drop this test's keys."""
     assert isinstance(store, RedisStore)

@@ -12,12 +12,27 @@ import tempfile
 import time
 from pathlib import Path
 
+import redis.asyncio as aioredis
+
 INSTALL_HINT = (
     "no Redis answers at REDIS_URL and there is no `redis-server` on PATH to start one.\n"
     "Install it, e.g.  sudo apt-get install redis-server   (Debian/Ubuntu)\n"
     "              or  brew install redis                  (macOS)\n"
     "or point REDIS_URL at a Redis you may use (db 15 by default)."
 )
+
+
+async def delete_matching(url: str, *patterns: str) -> None:
+    """Leave a shared Redis as it was found: drop the keys matching each SCAN
+    pattern (a test's or a benchmark's own, named by its run)."""
+    client = aioredis.from_url(url)
+    try:
+        for pattern in patterns:
+            keys = [k async for k in client.scan_iter(match=pattern, count=1000)]
+            if keys:
+                await client.delete(*keys)
+    finally:
+        await client.aclose()
 
 
 def free_port() -> int:

@@ -32,10 +32,9 @@ from gateway.config import parse_config
 from gateway.model import ChatKind
 from gateway.pipeline import limits_for
 from gateway.store.redis import RedisStore
-from tests.conftest import delete_matching
 from tests.daemons import pingpong
 from tests.fakes.webhook import Answer, FakeWebhook
-from tests.redis_server import free_port
+from tests.redis_server import delete_matching, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT = 20.0

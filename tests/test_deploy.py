@@ -40,10 +40,9 @@ from gateway.cli import build_parser
 from gateway.config import load_config, parse_config
 from gateway.daemon import Daemon
 from gateway.model import Action, Reason, Turn
-from tests.conftest import delete_matching
 from tests.fakes.llm import FakeLLM, answer
 from tests.fakes.webhook import FakeWebhook
-from tests.redis_server import free_port
+from tests.redis_server import delete_matching, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"

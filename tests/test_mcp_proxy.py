@@ -57,8 +57,7 @@ from gateway.guard.engine import RedisEngine
 from gateway.guard.profiles import GuardConfig
 from gateway.guard.service import Guard
 from gateway.store.redis import RedisStore
-from tests.conftest import delete_matching
-from tests.redis_server import free_port
+from tests.redis_server import delete_matching, free_port
 
 pytestmark = pytest.mark.timeout(60)
 
