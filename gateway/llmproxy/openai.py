@@ -183,8 +183,12 @@ class OpenAI(Dialect):
                 out["function_call"] = "none"
         return out
 
+    def _adds_usage(self, body: Json) -> bool:
+        """Whether the proxy asks this stream for the usage the agent did not."""
+        return self.stream_usage and self.streams(body) and not self._asks_usage(body)
+
     def prepare(self, body: Json) -> Json | None:
-        if not (self.stream_usage and self.streams(body)) or self._asks_usage(body):
+        if not self._adds_usage(body):
             return None
         options = body.get("stream_options")
         options = dict(options) if isinstance(options, dict) else {}
@@ -192,7 +196,7 @@ class OpenAI(Dialect):
         return {**body, "stream_options": options}
 
     def prepared(self, raw: bytes, body: Json) -> bytes | None:
-        if not (self.stream_usage and self.streams(body)) or "stream_options" in body:
+        if not self._adds_usage(body) or "stream_options" in body:
             return None  # nothing to add, or options of its own (prepare merges them)
         return with_key(raw, "stream_options", {"include_usage": True})
 
@@ -202,7 +206,7 @@ class OpenAI(Dialect):
         return isinstance(options, dict) and options.get("include_usage") is True
 
     def stream_tap(self, body: Json) -> Tap:
-        return OpenAIStreamTap(hide_usage=self.stream_usage and not self._asks_usage(body))
+        return OpenAIStreamTap(hide_usage=self._adds_usage(body))
 
     def read_answer(self, answer: Json, tap: Tap) -> None:
         usage = answer.get("usage")
