@@ -181,10 +181,24 @@ local function push(list, item, cap)
   while #list > cap do table.remove(list, 1) end
 end
 
+-- enc() of {btok, busd, max_steps, steps, tok, usd}, written in enc's (sorted)
+-- key order without sorting six keys on every check.
 local function meta()
   local _, busd, btok = budget_ratio()
-  return enc({steps = S.steps, max_steps = L.max_steps, usd = S.cost.usd, tok = S.cost.tok,
-    busd = busd, btok = btok})
+  local buf = {'{"btok":'}
+  put(buf, btok)
+  buf[#buf + 1] = ',"busd":'
+  put(buf, busd)
+  buf[#buf + 1] = ',"max_steps":'
+  put(buf, L.max_steps)
+  buf[#buf + 1] = ',"steps":'
+  put(buf, S.steps)
+  buf[#buf + 1] = ',"tok":'
+  put(buf, S.cost.tok)
+  buf[#buf + 1] = ',"usd":'
+  put(buf, S.cost.usd)
+  buf[#buf + 1] = '}'
+  return table.concat(buf)
 end
 
 local function answer(commit)
@@ -304,11 +318,19 @@ local function check(OP, P)
         end
       end
       -- exploration: unique (tool, input[, result]) over the recent calls
+      -- (distinct calls first: with their results there are no fewer, so
+      -- when those are enough, no key is joined to count them)
       if n >= L.explore_min_calls and not P.poll then
         local seen, u = {}, 0
         for _, e in ipairs(h) do
-          local k = e.s .. ':' .. (e.r or '')
-          if not seen[k] then seen[k] = true u = u + 1 end
+          if not seen[e.s] then seen[e.s] = true u = u + 1 end
+        end
+        if u / n < L.explore_min_ratio then
+          seen, u = {}, 0
+          for _, e in ipairs(h) do
+            local k = e.s .. ':' .. (e.r or '')
+            if not seen[k] then seen[k] = true u = u + 1 end
+          end
         end
         if u / n < L.explore_min_ratio then
           finding('block', 'low_exploration', {unique = u, calls = n, ratio = round2(u / n)})
