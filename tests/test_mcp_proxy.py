@@ -28,6 +28,8 @@ What is proven:
 - two proxies with one `--session` on Redis are one guard session;
 - over streamable HTTP: the same block at the 4th call, progress through the
   proxy's SSE relay, the same tools/list, one guard session per MCP session.
+- a proxy whose Redis is killed or frozen mid-session goes on answering
+  (a frozen one costs one timeout) and guarding from its own memory.
 
 Guard state is read with `Guard.state` on the Redis the proxy uses (db from
 REDIS_URL; keys `bb:guard:{<session>}`, the store's default prefix, deleted
@@ -57,7 +59,7 @@ from gateway.guard.engine import RedisEngine
 from gateway.guard.profiles import GuardConfig
 from gateway.guard.service import Guard
 from gateway.store.redis import RedisStore
-from tests.redis_server import delete_matching, free_port
+from tests.redis_server import RedisServer, delete_matching, free_port
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -991,3 +993,50 @@ async def test_a_batch_of_tool_calls_is_guarded_call_by_call_over_http(
         assert blocked[0] and blocked[1][0].startswith(NOTE + "You called search")
     assert set(with_notification) == {5} and set(alone) == {6}
     assert ran == [2, 4]  # the server never saw a blocked call
+
+
+# -- 8. Redis lost under a proxy ------------------------------------------------------
+
+
+@pytest.mark.parametrize("outage", ["killed", "frozen"])
+async def test_a_proxy_whose_redis_is_lost_goes_on_guarding_from_memory(
+    tmp_path: Path, outage: str
+) -> None:
+    # Breaks if a lost Redis ends the relay, stalls every call on the store's
+    # timeout, or lets a loop through unguarded while it is away: the calls
+    # are answered at once (a frozen Redis costs one timeout), and the loop is
+    # still warned at its 3rd call and blocked at its 4th, by the proxy's own
+    # memory, with the server running it 3 times.
+    redis = RedisServer().start()
+    try:
+        config = tmp_path / "bb.yml"
+        config.write_text(
+            f"store: {{url: {json.dumps(redis.url)}, timeout_seconds: 0.5}}\nmcp_proxy: {{}}\n"
+        )
+        counter = tmp_path / "count"
+        async with stdio_session(proxied("-c", str(config), counter=counter)) as client:
+            first = await client.call_tool("search", {"query": "before"})
+            assert not first.is_error  # on Redis
+            assert redis.proc is not None
+            if outage == "killed":
+                redis.kill()
+            else:
+                redis.proc.send_signal(signal.SIGSTOP)
+            took = []
+            results = []
+            for _ in range(5):
+                started = time.monotonic()
+                results.append(await client.call_tool("search", {"query": "tide tables"}))
+                took.append(time.monotonic() - started)
+    finally:
+        if redis.proc is not None and redis.proc.poll() is None:
+            redis.proc.send_signal(signal.SIGCONT)
+        redis.stop()
+    assert [r.is_error for r in results] == [False, False, False, True, True]
+    assert texts(results[2])[1].startswith(WARNED)
+    assert texts(results[3])[0].startswith(BLOCKED)
+    assert count(counter) == 4  # "before" and the loop's first three
+    # killed: refused at once; frozen: the first call waits out one timeout
+    # (its step, and its result's record behind it), the rest go local at once
+    assert max(took[1:]) < 0.5, took
+    assert took[0] < (0.5 if outage == "killed" else 1.5), took
