@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import time
 from contextlib import AsyncExitStack
 from typing import Any
@@ -14,21 +15,27 @@ import aiohttp
 import anthropic
 import openai
 import pytest
+import yaml
 from aiohttp import web
 
+from gateway.config import parse_config
+from gateway.daemon import Daemon
 from gateway.llmproxy.wire import with_key
 from gateway.store import StoreError
+from gateway.store.failover import FailoverStore
 from tests.fakes.llm import Behaviour, Exchange, FakeLLM, answer, hang, repeat_tool_call, status
 from tests.llm_proxy import (
     WEATHER_TOOL,
     anthropic_agent,
     anthropic_client,
+    config_for,
     openai_agent,
     openai_client,
     proxy_daemon,
     refused_by_both,
     responses_agent,
 )
+from tests.redis_server import RedisServer
 
 # tool_choice, as each API spells it
 NONE = {"openai": "none", "responses": "none", "anthropic": {"type": "none"}}
@@ -680,3 +687,47 @@ async def test_the_new_events_of_a_request_go_to_the_guard_in_one_call(
     assert state is not None and state["steps"] == 3
     assert [c["tool"] for c in state["recent_calls"]] == ["lookup_0", "lookup_1", "lookup_2"]
     assert all(c["result"] is not None for c in state["recent_calls"])
+
+
+# -- Redis lost under the proxy ----------------------------------------------------
+
+
+@pytest.mark.parametrize("outage", ["killed", "frozen"])
+async def test_a_lost_redis_costs_one_timeout_and_the_loop_is_still_stopped(outage: str) -> None:
+    # Breaks if a lost Redis turns requests into 5xx, stalls each of them on
+    # the store's timeout, or lets the loop through (fail-open) while the
+    # proxy's own memory could judge it: the agent still gets its final answer
+    # after 4 tools ran, as on a Redis that answers.
+    redis = RedisServer().start()
+    timings: list[float] = []
+    try:
+        async with FakeLLM() as llm:
+            llm.default = repeat_tool_call("get_weather", {"city": "Brest"}, otherwise="Grey.")
+            # its own daemon: proxy_daemon's clean-up would need the Redis back
+            d = Daemon(parse_config(yaml.safe_dump(config_for(llm, redis.url))))
+            url = await d.start()
+            try:
+                assert isinstance(d.store, FailoverStore) and not d.store.degraded
+                assert redis.proc is not None
+                if outage == "killed":
+                    redis.kill()
+                else:
+                    redis.proc.send_signal(signal.SIGSTOP)
+                client = openai_client(f"{url}/llm/openai/v1", timeout=10.0)
+                started = time.monotonic()
+                answer, ran = await openai_agent(client, "Weather in Brest?")
+                timings.append(time.monotonic() - started)
+                unguarded = d.metrics.llm_requests.labels("openai", "fail_open")._value.get()
+                assert d.store.degraded  # judged in memory, not on a Redis that answered
+            finally:
+                await d.stop()
+    finally:
+        if redis.proc is not None and redis.proc.poll() is None:
+            redis.proc.send_signal(signal.SIGCONT)
+        redis.stop()
+    assert (answer, ran) == ("Grey.", 4)
+    assert llm.calls[-1].body["tool_choice"] == "none"  # stopped by the guard, locally
+    assert unguarded == 0
+    # five requests: a killed Redis refuses at once, a frozen one costs one
+    # timeout (0.5 s), then the store answers from memory until it is back
+    assert timings[0] < (1.0 if outage == "killed" else 2.0), timings
