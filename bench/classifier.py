@@ -1,7 +1,10 @@
 """The latency botbouncer adds around a reply-decision (classifier) call.
 
-With `reply_decision` enabled, an addressed group message that passes every
-rule costs one chat-completions POST to a cheap model before the backend runs.
+With `reply_decision` enabled, a group message that passes every rule and
+that nobody addressed to the bot (here a person talking in a group the bot
+answers under `respond_to: all`) costs one chat-completions POST to a cheap
+model before the backend runs; a person who addresses the bot is never
+classified.
 The model's own time is not ours; what surrounds it is: the pipeline, the
 store, the prompt, chat_completion() on the shared session, the echo backend.
 This benchmark times, sequentially (concurrency 1), in one run, interleaved:
@@ -86,7 +89,11 @@ bots:
   - name: {BOT}
     platform: http
     backend: {{type: echo}}
+    respond_to: all  # the classifier gates what nobody addressed to the bot
     rate_cap: {{max_replies: 1000000}}
+    # alice writes in each chat again within seconds of its answer: a
+    # machine's pace, which is not what this measures
+    machine_pace: {{within_seconds: 0}}
     reply_decision: {{enabled: true, endpoint: '{url}', model: gate, timeout_seconds: 5}}
 """
 
@@ -177,26 +184,29 @@ class Bench:
         await self.bare.close()
         await self.outbound.close()
 
-    def message(self, text: str = "what time is it?", mention: bool = True) -> Message:
+    def message(self, text: str = "what time is it?") -> Message:
+        """A person talking in a group, addressing nobody: classified."""
         self.n += 1
         return Message(
             id=f"m{self.n}",
             chat=ChatRef("http", f"room-{self.n % CHATS}"),
             author=Author("alice", "Alice"),
             text=text,
-            mentions=(BOT,) if mention else (),
         )
 
     async def prime(self) -> None:
-        """Fill every chat's context with people talking among themselves (no
-        model call: not addressed), so every timed prompt is full size."""
+        """Fill every chat's context with people talking among themselves (the
+        model answering SKIP: nothing answered), so every timed prompt is full
+        size; then the model answers REPLY."""
+        self.llm.default = slow(MODEL_S, answer("SKIP"))
         for _ in range(CHATS * (CONTEXT + 1)):
-            msg = self.message("did anyone see the match last night?", mention=False)
+            msg = self.message("did anyone see the match last night?")
             d = await self.gw.handle(msg)
             if d.action is not Action.DROP:
                 raise CannotMeasure(f"priming message was not dropped: {d}")
-        if self.llm.count:
-            raise CannotMeasure("priming messages reached the fake LLM")
+        if self.llm.count != CHATS * (CONTEXT + 1):
+            raise CannotMeasure(f"priming made {self.llm.count} model calls")
+        self.llm.default = slow(MODEL_S, answer("REPLY"))
 
     async def bare_call(self) -> float:
         started = time.perf_counter()
