@@ -83,6 +83,7 @@ KEY_ROLES = {
     "ctx": "recent messages for the classifier/backend",
     "log": "decision log (`why`), newest 50",
     "r": "rate-cap slots of one bot (120 s window)",
+    "pc": "machine pace: when each person was last answered, fast answers back",
 }
 
 _CHATTER = (
