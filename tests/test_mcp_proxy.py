@@ -28,6 +28,8 @@ What is proven:
 - two proxies with one `--session` on Redis are one guard session;
 - over streamable HTTP: the same block at the 4th call, progress through the
   proxy's SSE relay, the same tools/list, one guard session per MCP session.
+- the client configuration in docs/mcp-proxy.md starts every proxy it
+  lists, with the proxy file the docs show;
 - a proxy whose Redis is killed or frozen mid-session goes on answering
   (a frozen one costs one timeout) and guarding from its own memory.
 
@@ -42,6 +44,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -718,6 +721,45 @@ async def test_bad_command_lines_exit_2_with_a_message(tmp_path: Path) -> None:
     assert nothing[0] == 2 and "-- CMD ARGS" in nothing[1] and "--upstream" in nothing[1]
     assert missing[0] == 2 and "cannot start" in missing[1] and "no-such-server" in missing[1]
     assert session[0] == 2 and "--session" in session[1]
+
+
+def doc_blocks(lang: str) -> list[str]:
+    """The fenced blocks of docs/mcp-proxy.md in `lang`, in order."""
+    text = (ROOT / "docs" / "mcp-proxy.md").read_text(encoding="utf-8")
+    return re.findall(rf"^```{lang}\n(.*?)^```$", text, flags=re.M | re.S)
+
+
+async def test_the_client_configuration_in_the_docs_starts_every_proxy(tmp_path: Path) -> None:
+    # Breaks if the docs' client entries hold arguments the proxy refuses (a
+    # profile no file of theirs defines, a flag it does not take): each entry
+    # is started as written, with the docs' proxy file where it names one and
+    # a line-echoing child in place of the real server (no network here).
+    entries = next(json.loads(b)["mcpServers"] for b in doc_blocks("json") if "mcpServers" in b)
+    config = tmp_path / "mcp.yml"
+    config.write_text(next(b for b in doc_blocks("yaml") if "mcp_proxy:" in b))
+    assert len(entries) >= 2
+    for name, entry in entries.items():
+        assert entry["command"] == "botbouncer", name
+        args = entry["args"]
+        assert args[0] == "mcp-proxy", name
+        mine = [str(config) if a.endswith("/mcp.yml") else a for a in args[1 : args.index("--")]]
+        err = tmp_path / f"{name}.err"
+        proxy = await start_proxy(*mine, "--", PY, "-c", ECHO_CHILD, stderr=err)
+        try:
+            assert proxy.stdin is not None and proxy.stdout is not None
+            line = b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n'
+            proxy.stdin.write(line)
+            await proxy.stdin.drain()
+            got = await asyncio.wait_for(proxy.stdout.readline(), CALL_TIMEOUT)
+            assert got == line, (name, contents(err))
+            assert await closed(proxy) == 0, (name, contents(err))
+        finally:
+            await stop(proxy)
+    # and what they say happens without the file
+    alone = await start_proxy("--profile", "coding", "--", PY, "-c", ECHO_CHILD,
+                              stderr=tmp_path / "alone.err")  # fmt: skip
+    assert await asyncio.wait_for(alone.wait(), CALL_TIMEOUT) == 2
+    assert "no profile named 'coding' (profiles: default)" in contents(tmp_path / "alone.err")
 
 
 # -- 6. one session across proxies --------------------------------------------------
