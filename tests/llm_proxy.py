@@ -58,18 +58,21 @@ def config_for(
 
 @asynccontextmanager
 async def proxy_daemon(
-    llm: FakeLLM, redis_url: str, prefix: str, port: int | None = None, **proxy: Any
+    llm: FakeLLM, redis_url: str, prefix: str | None, port: int | None = None, **proxy: Any
 ) -> AsyncIterator[tuple[Daemon, str]]:
-    """A started daemon serving the proxy on this test's Redis prefix, and its URL."""
+    """A started daemon serving the proxy on this test's Redis prefix, and its
+    URL. `prefix` None: a Redis of the test's own, left as the test leaves it
+    (killed, frozen), its keys unprefixed and not deleted."""
     d = Daemon(parse_config(yaml.safe_dump(config_for(llm, redis_url, port, **proxy))))
-    if redis_url.startswith("redis"):
+    shared = redis_url.startswith("redis") and prefix is not None
+    if shared:
         redis_of(d).prefix = prefix
     url = await d.start()
     try:
         yield d, url
     finally:
         await d.stop()
-        if redis_url.startswith("redis"):
+        if shared:
             await forget(redis_url, prefix)
 
 

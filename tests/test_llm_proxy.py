@@ -15,11 +15,8 @@ import aiohttp
 import anthropic
 import openai
 import pytest
-import yaml
 from aiohttp import web
 
-from gateway.config import parse_config
-from gateway.daemon import Daemon
 from gateway.llmproxy.wire import with_key
 from gateway.store import StoreError
 from gateway.store.failover import FailoverStore
@@ -28,7 +25,6 @@ from tests.llm_proxy import (
     WEATHER_TOOL,
     anthropic_agent,
     anthropic_client,
-    config_for,
     openai_agent,
     openai_client,
     proxy_daemon,
@@ -703,10 +699,7 @@ async def test_a_lost_redis_costs_one_timeout_and_the_loop_is_still_stopped(outa
     try:
         async with FakeLLM() as llm:
             llm.default = repeat_tool_call("get_weather", {"city": "Brest"}, otherwise="Grey.")
-            # its own daemon: proxy_daemon's clean-up would need the Redis back
-            d = Daemon(parse_config(yaml.safe_dump(config_for(llm, redis.url))))
-            url = await d.start()
-            try:
+            async with proxy_daemon(llm, redis.url, None) as (d, url):
                 assert isinstance(d.store, FailoverStore) and not d.store.degraded
                 assert redis.proc is not None
                 if outage == "killed":
@@ -719,8 +712,6 @@ async def test_a_lost_redis_costs_one_timeout_and_the_loop_is_still_stopped(outa
                 timings.append(time.monotonic() - started)
                 unguarded = d.metrics.llm_requests.labels("openai", "fail_open")._value.get()
                 assert d.store.degraded  # judged in memory, not on a Redis that answered
-            finally:
-                await d.stop()
     finally:
         if redis.proc is not None and redis.proc.poll() is None:
             redis.proc.send_signal(signal.SIGCONT)
