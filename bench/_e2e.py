@@ -89,6 +89,11 @@ class Run:
     cpu_ms: float | None = None
     # ... of the bot's process alone
     bot_cpu_ms: float | None = None
+    # ... of every process the run kept busy: this one (the fake and the
+    # driver), the bot and its Redis
+    all_cpu_ms: float | None = None
+    # the wall time over which the CPU was read: the run and its last replies' tail
+    cpu_window_s: float | None = None
 
     @property
     def throughput(self) -> float:
@@ -165,27 +170,24 @@ async def drive(
                 ) from None
             latencies.append(done - started)
 
-    # This process is the platform: its collector stays off while a run is
-    # measured and collects between runs. Left on, a full collection over the
-    # fake's records of the run (hundreds of thousands of objects by its end)
-    # held this process ~100 ms, the p99 of whichever contestant was running.
-    gc.collect()
-    gc.disable()
-    try:
-        started = time.perf_counter()
-        await asyncio.gather(*(one(i) for i in range(messages)))
-        return Run(label, messages, time.perf_counter() - started, latencies)
-    finally:
-        gc.enable()
+    started = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(messages)))
+    return Run(label, messages, time.perf_counter() - started, latencies)
 
 
 def process_cpu(pid: int) -> float | None:
-    """CPU seconds (user + system) a child has used, from /proc (Linux); None elsewhere."""
+    """CPU seconds every thread of a process has used, from
+    /proc/<pid>/task/*/schedstat (Linux; nanoseconds, where /proc/<pid>/stat
+    counts 10 ms ticks: a run of half a second read to 2 %); None elsewhere."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total = 0
+    for task in tasks:
+        with contextlib.suppress(OSError, IndexError, ValueError):  # a thread that just ended
+            total += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
+    return total / 1e9
 
 
 def stop(procs: list[subprocess.Popen[bytes]], name: str, wait: float = 10.0) -> None:
@@ -224,6 +226,29 @@ def _ratios(x: Run, y: Run) -> dict[str, float]:
     if x.cpu_ms and y.cpu_ms is not None and y.cpu_ms != y.bot_cpu_ms:
         out["cpu_with_redis"] = y.cpu_ms / x.cpu_ms
     return out
+
+
+def say_ceiling(a: list[Run], b: list[Run]) -> None:
+    """What the machine's cores allow b against a, whatever b does.
+
+    b cannot serve more messages a second than the cores' time over what each
+    of its messages costs, summed over every process of the run (this one,
+    the bot, its Redis): so b/a throughput is at most cores / (b's CPU per
+    message x a's throughput). When a already keeps every core busy that is
+    a's CPU per message over b's, and whatever b adds in any process, its
+    Redis included, comes off it. The median of the rounds'."""
+    cores = os.cpu_count() or 1
+    bounds, busy = [], []
+    for x, y in zip(a, b, strict=True):
+        if x.all_cpu_ms and x.cpu_window_s and y.all_cpu_ms:
+            bounds.append(cores * 1000 / (y.all_cpu_ms * x.throughput))
+            busy.append(x.all_cpu_ms * x.messages / 1000 / x.cpu_window_s)
+    if not bounds:
+        return
+    bound = statistics.median(bounds)
+    print(f"b/a throughput can be at most {bound:.3f} here: {cores} cores over b's CPU per "
+          f"message, every process counted, against a's throughput (a kept "
+          f"{statistics.median(busy):.2f} of the {cores} busy)")  # fmt: skip
 
 
 async def alternate(
@@ -281,6 +306,7 @@ def report(a: list[Run], b: list[Run], throughput_target: float = THROUGHPUT_TAR
     if "cpu_with_redis" in medians:
         print(f"CPU per message b/a, with b's Redis {medians['cpu_with_redis']:.3f}")
         last += f" cpu_with_redis_ratio={medians['cpu_with_redis']:.3f}"
+    say_ceiling(a, b)
     return last
 
 
@@ -488,19 +514,35 @@ class Contestant(abc.ABC, Generic[F]):
         the bot's process and b's Redis, `bot_cpu_ms` the bot's process."""
         self.runs += 1
         self.forget()
-        before = await self.cpu_now()
-        what = f"run {self.runs}"
-        driven = drive(self.label, self.inject, self.replies, reply_within=self.REPLY_WITHIN)
-        run = await self.watched(driven, what, self.STALL_S)
-        if (problem := self.after_run()) is not None:
-            raise self.failed(what, problem)
-        after = await self.cpu_now()
+        # This process is the platform: its collector runs between runs and
+        # is off from before this run's CPU is read until after. Left on, a
+        # full collection over the fake's records (hundreds of thousands of
+        # objects by a run's end) held this process ~100 ms, the p99 of
+        # whichever contestant was running; run just after the run, it put
+        # 20-30 ms of this process's CPU, no message's, in the run's figure.
+        gc.collect()
+        gc.disable()
+        try:
+            before = await self.cpu_now()
+            since = time.perf_counter()
+            what = f"run {self.runs}"
+            driven = drive(self.label, self.inject, self.replies, reply_within=self.REPLY_WITHIN)
+            run = await self.watched(driven, what, self.STALL_S)
+            if (problem := self.after_run()) is not None:
+                raise self.failed(what, problem)
+            after = await self.cpu_now()
+            window = time.perf_counter() - since
+        finally:
+            gc.enable()
         per = {k: (after[k] - before[k]) * 1000 / run.messages for k in after}
         self.cpu.append(per)
         if "bot" not in per:
             return run
         own = sum(per[k] for k in ("bot", "redis") if k in per)
-        return replace(run, cpu_ms=own, bot_cpu_ms=per["bot"])
+        every = sum(per.values())
+        return replace(
+            run, cpu_ms=own, bot_cpu_ms=per["bot"], all_cpu_ms=every, cpu_window_s=window
+        )
 
     def cpu_line(self) -> str:
         """Median CPU ms per message over the counted runs (the first is the warm-up)."""

@@ -41,7 +41,7 @@ took 0.3 s, which the echo backend never does.
 Beside the table: CPU ms per message of each process (from /proc and Redis's
 INFO cpu), the median over the counted rounds; "fake+driver" is this process,
 which serves both contestants. Before each run the fake forgets what it recorded, and
-this process collects its garbage between runs only (bench/_e2e.drive), so no
+this process collects its garbage between runs only (bench/_e2e.Contestant.run), so no
 run pays for this process's heap.
 
 It stops with a clear message (exit 2) when a contestant dies, posts a reply

@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from _e2e import process_cpu
 from _redis import ROOT, delete_matching, redis_server_class
 
 sys.path.insert(0, str(ROOT))  # the repo root is not on sys.path for bench/
@@ -179,16 +180,6 @@ def cmdline(pid: int) -> list[str]:
         return []
 
 
-def cpu_seconds(pid: int) -> float:
-    """The CPU time of every thread of `pid` (ns resolution, unlike /proc/<pid>/stat)."""
-    total = 0
-    with contextlib.suppress(OSError):
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError):
-                total += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
-    return total / 1e9
-
-
 def find_pids(contestants: list[Contestant], redis_pid: int | None) -> None:
     """Which process is whose: the direct server, each proxy and its server."""
     mine = children(os.getpid())
@@ -206,7 +197,7 @@ def find_pids(contestants: list[Contestant], redis_pid: int | None) -> None:
 
 
 def snapshot(c: Contestant) -> dict[str, float]:
-    out = {role: sum(cpu_seconds(p) for p in pids) for role, pids in c.pids.items()}
+    out = {role: sum(process_cpu(p) or 0.0 for p in pids) for role, pids in c.pids.items()}
     out["client"] = time.process_time()
     return out
 
