@@ -4,10 +4,12 @@ and its benchmark, and the agent loops the SDKs' docs show."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import aiohttp
 import anthropic
 import openai
 import yaml
@@ -247,3 +249,15 @@ async def anthropic_agent(
                 ran += 1
         messages.append({"role": "user", "content": results})
     raise AssertionError(f"the agent never answered in {turns} turns ({ran} tools ran)")
+
+
+async def raw_post(
+    url: str, body: dict[str, Any], **headers: str
+) -> tuple[int, dict[str, str], bytes, float]:
+    """Status, headers, the body's bytes, and when its first byte came (seconds)."""
+    start = time.monotonic()
+    async with aiohttp.ClientSession() as http, http.post(url, json=body, headers=headers) as resp:
+        first = await resp.content.readany()
+        at = time.monotonic() - start
+        rest = await resp.read()
+        return resp.status, dict(resp.headers), first + rest, at

@@ -28,6 +28,7 @@ from tests.llm_proxy import (
     openai_agent,
     openai_client,
     proxy_daemon,
+    raw_post,
     refused_by_both,
     responses_agent,
 )
@@ -377,18 +378,6 @@ def chunk(content: str | None = None, usage: bool = False) -> bytes:
     if usage:
         body["usage"] = {"prompt_tokens": 40, "completion_tokens": 2, "total_tokens": 42}
     return b"data: " + json.dumps(body).encode() + b"\n\n"
-
-
-async def raw_post(
-    url: str, body: dict[str, Any], **headers: str
-) -> tuple[int, dict[str, str], bytes, float]:
-    """Status, headers, the body's bytes, and when its first byte came (seconds)."""
-    start = time.monotonic()
-    async with aiohttp.ClientSession() as http, http.post(url, json=body, headers=headers) as resp:
-        first = await resp.content.readany()
-        at = time.monotonic() - start
-        rest = await resp.read()
-        return resp.status, dict(resp.headers), first + rest, at
 
 
 async def test_a_stream_passes_as_it_arrives_byte_for_byte(redis_url: str, key_prefix: str) -> None:

@@ -45,6 +45,7 @@ from gateway.inflight import InFlight, ShuttingDown
 from gateway.llmproxy import session as sessions
 from gateway.llmproxy.anthropic import Anthropic
 from gateway.llmproxy.openai import OpenAI
+from gateway.llmproxy.order import OneAtATime
 from gateway.llmproxy.responses import Responses
 from gateway.llmproxy.wire import HOP_BY_HOP, Dialect, Json, Tap, ToolEvent, Usage, WholeTap
 from gateway.metrics import Metrics
@@ -95,6 +96,7 @@ class LlmProxy:
         self.inflight = inflight if inflight is not None else InFlight()
         self.guard = guard
         self.seen = sessions.Seen(store)
+        self.order = OneAtATime()
         self.chains = sessions.Chains(store)
         self.metrics = metrics
         self.paths = {name: api.path for name, api in config.apis()}  # fixed until restart
@@ -261,21 +263,22 @@ class LlmProxy:
         if session is None:
             return Verdict(None, "forwarded")  # a conversation's first request
         profile = self.config.profile
-        events = dialect.tool_events(body)
         answers: list[Answer] = []
         saving = None
-        if events:
-            new = await self.seen.new(session, events)
-            # In one call to the store, in order, until one is blocked.
-            checks = [c for c in (self._prepare(session, e, profile) for e in new) if c]
-            answers = await self.guard.feed(session, checks, profile)
-            for answer in answers:
-                self.metrics.guard_checks.labels(answer.decision, answer.reason).inc()
-            if new:
-                saving = asyncio.create_task(self.seen.remember(session, events))
-        if not answers:  # nothing new to feed: is the budget spent?
-            answers.append(await self.guard.usage(session, self._usage(0, 0), profile))
-            self.metrics.guard_checks.labels(answers[-1].decision, answers[-1].reason).inc()
+        async with self.order.turn():  # one at a time: gateway/llmproxy/order.py
+            events = dialect.tool_events(body)
+            if events:
+                new = await self.seen.new(session, events)
+                # In one call to the store, in order, until one is blocked.
+                checks = [c for c in (self._prepare(session, e, profile) for e in new) if c]
+                answers = await self.guard.feed(session, checks, profile)
+                for answer in answers:
+                    self.metrics.guard_checks.labels(answer.decision, answer.reason).inc()
+                if new:
+                    saving = asyncio.create_task(self.seen.remember(session, events))
+            if not answers:  # nothing new to feed: is the budget spent?
+                answers.append(await self.guard.usage(session, self._usage(0, 0), profile))
+                self.metrics.guard_checks.labels(answers[-1].decision, answers[-1].reason).inc()
         a = _worst(answers)
         if a is None or a.decision == "allow":
             action = "forwarded"
