@@ -8,8 +8,8 @@ together runs a piece, waits, then queues behind all the others' next
 pieces: they all finish at about the time the last one does. One at a
 time, the first is forwarded after its own check, the second after two,
 and so on (bench/README.md measures it: with 8 agents at once on Redis the
-latency the proxy adds fell from a fifth of a 20 ms model call to a
-twentieth).
+latency the proxy adds at p50 fell from a fifth or a quarter of a 20 ms
+model call to a twentieth or less).
 
 A check that waits on its store longer than `hold` seconds lets the next
 one start and finishes on its own: a distant or struggling store costs
