@@ -1,5 +1,5 @@
-"""Guard checks one at a time, in arrival order (gateway/llmproxy/order.py):
-the gate itself, then through the daemon on Redis, where each check waits
+"""Guard checks in turns, in arrival order (gateway/llmproxy/order.py): the
+turns themselves, then through the daemon on Redis, where each check waits
 on round trips."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from gateway.llmproxy.order import OneAtATime
+from gateway.llmproxy.order import Turns
 from tests.fakes.llm import FakeLLM, answer
 from tests.llm_proxy import proxy_daemon, raw_post
 
 
 async def test_checks_run_one_at_a_time_in_the_order_they_came() -> None:
-    gate, log = OneAtATime(hold=10.0), []
+    gate, log = Turns(wait=10.0, hold=10.0), []
 
     async def check(name: str) -> None:
         async with gate.turn():
@@ -31,7 +31,7 @@ async def test_checks_run_one_at_a_time_in_the_order_they_came() -> None:
 
 
 async def test_a_check_that_waits_past_the_hold_lets_the_next_start() -> None:
-    gate, log = OneAtATime(hold=0.05), []
+    gate, log = Turns(wait=10.0, hold=0.05), []
     stuck = asyncio.Event()
 
     async def slow() -> None:
@@ -58,8 +58,34 @@ async def test_a_check_that_waits_past_the_hold_lets_the_next_start() -> None:
     assert log[-1] == "slow out"
 
 
+async def test_a_check_that_waited_past_its_wait_goes_on_beside_the_others() -> None:
+    # A queue that long means requests come faster than turns get through:
+    # the rest then share the store's round trips instead of queueing.
+    gate, log = Turns(wait=0.05, hold=10.0), []
+    release = asyncio.Event()
+
+    async def holder() -> None:
+        async with gate.turn():
+            log.append("holder in")
+            await release.wait()
+            log.append("holder out")
+
+    async def late() -> None:
+        async with gate.turn():
+            log.append("late in")
+
+    first = asyncio.create_task(holder())
+    await asyncio.sleep(0)
+    await asyncio.wait_for(late(), 1.0)  # in after 0.05 s, the holder still in
+    assert log == ["holder in", "late in"]
+    release.set()
+    await first
+    await asyncio.wait_for(_enter(gate), 1.0)  # the turn was not taken by the late one
+    assert log[-1] == "holder out"
+
+
 async def test_a_check_that_fails_or_is_cancelled_gives_its_turn_up() -> None:
-    gate = OneAtATime(hold=10.0)
+    gate = Turns(wait=10.0, hold=10.0)
     with pytest.raises(RuntimeError):
         async with gate.turn():
             raise RuntimeError("the store said no")
@@ -86,7 +112,7 @@ async def test_a_check_that_fails_or_is_cancelled_gives_its_turn_up() -> None:
     await asyncio.wait_for(_enter(gate), 1.0)  # nobody left holding it
 
 
-async def _enter(gate: OneAtATime) -> None:
+async def _enter(gate: Turns) -> None:
     async with gate.turn():
         pass
 
@@ -111,7 +137,8 @@ async def test_requests_that_come_together_are_checked_one_after_another(
         llm.default = answer("Done.")
         async with proxy_daemon(llm, redis_url, key_prefix) as (d, url):
             assert d.llm_proxy is not None and d.guard is not None
-            d.llm_proxy.order.hold = 10.0  # a slow machine's check must not pass the turn on
+            # a slow machine's check must neither pass its turn on nor skip it
+            d.llm_proxy.order.hold = d.llm_proxy.order.wait = 10.0
             log: list[tuple[str, str]] = []
             seen, feed = d.llm_proxy.seen.new, d.guard.feed
 

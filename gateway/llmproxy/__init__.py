@@ -7,6 +7,6 @@ fed to the agent guard, and a loop the guard blocks ends with an answer.
 - gateway/llmproxy/openai.py, anthropic.py: each API's shapes (one mapping each);
 - gateway/llmproxy/session.py: which session a request belongs to, and which
   of its tool events the guard has not seen yet;
-- gateway/llmproxy/order.py: checks one at a time, in the order requests came;
+- gateway/llmproxy/order.py: checks in turns, in the order requests came;
 - gateway/llmproxy/proxy.py: the routes, the forwarding and the decision.
 """

@@ -45,7 +45,7 @@ from gateway.inflight import InFlight, ShuttingDown
 from gateway.llmproxy import session as sessions
 from gateway.llmproxy.anthropic import Anthropic
 from gateway.llmproxy.openai import OpenAI
-from gateway.llmproxy.order import OneAtATime
+from gateway.llmproxy.order import Turns
 from gateway.llmproxy.responses import Responses
 from gateway.llmproxy.wire import HOP_BY_HOP, Dialect, Json, Tap, ToolEvent, Usage, WholeTap
 from gateway.metrics import Metrics
@@ -96,7 +96,7 @@ class LlmProxy:
         self.inflight = inflight if inflight is not None else InFlight()
         self.guard = guard
         self.seen = sessions.Seen(store)
-        self.order = OneAtATime()
+        self.order = Turns()
         self.chains = sessions.Chains(store)
         self.metrics = metrics
         self.paths = {name: api.path for name, api in config.apis()}  # fixed until restart
@@ -265,7 +265,7 @@ class LlmProxy:
         profile = self.config.profile
         answers: list[Answer] = []
         saving = None
-        async with self.order.turn():  # one at a time: gateway/llmproxy/order.py
+        async with self.order.turn():  # in turns: gateway/llmproxy/order.py
             events = dialect.tool_events(body)
             if events:
                 new = await self.seen.new(session, events)
