@@ -52,9 +52,8 @@ async def test_a_check_that_waits_past_the_hold_lets_the_next_start() -> None:
     await asyncio.wait_for(asyncio.gather(*others), 1.0)  # not held until `stuck`
     assert log == ["slow in", "a in", "a out", "b in", "b out"]
     stuck.set()
-    await first
-    async with gate.turn():  # released once, and free again
-        pass
+    await first  # released once: a second release would raise here
+    await asyncio.wait_for(_enter(gate), 1.0)  # and free again (its wait is 10 s)
     assert log[-1] == "slow out"
 
 
@@ -79,8 +78,9 @@ async def test_a_check_that_waited_past_its_wait_goes_on_beside_the_others() -> 
     await asyncio.wait_for(late(), 1.0)  # in after 0.05 s, the holder still in
     assert log == ["holder in", "late in"]
     release.set()
-    await first
-    await asyncio.wait_for(_enter(gate), 1.0)  # the turn was not taken by the late one
+    await first  # the late one did not release the holder's turn: that would raise here
+    # free again, sooner than a check that found it taken would go on anyway
+    await asyncio.wait_for(_enter(gate), 0.01)
     assert log[-1] == "holder out"
 
 
