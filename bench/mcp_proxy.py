@@ -32,12 +32,15 @@ spent per call (from /proc/<pid>/task/*/schedstat: this client, the server,
 the proxy, a private Redis). The verdict is the median over rounds of the p50
 ratio memory/direct (target <= 1.2).
 
-BENCH_FLOORS=1 adds two contestants that split the proxy's cost: the proxy's
+BENCH_FLOORS=1 adds contestants that split the proxy's cost: the proxy's
 own stdio relay (gateway/mcpproxy/stdio.py, run by this file with
 `--relay`) passing every line untouched without parsing it (`relay`), and
 the same parsing every line with the SDK's types as the proxy does, still
-without the guard (`parse`), and a control: the direct server started a
-second time (`again`), which measures about 1.0 when the rounds are fair.
+without the guard (`parse`); `botbouncer mcp-proxy` itself (run by this file
+with `--proxy`) with every guard check answered allow for free (`noguard`),
+and with only the steps answered so, the results checked as usual
+(`results`); and a control: the direct server started a second time
+(`again`), which measures about 1.0 when the rounds are fair.
 
 Knobs: BENCH_ROUNDS (5), BENCH_CALLS (500 per contestant per round),
 BENCH_CHUNK (50), BENCH_WARMUP (200), BENCH_STORES (memory,redis),
@@ -154,6 +157,23 @@ def relay_main(args: list[str]) -> int:
         stdio.parse = unread  # type: ignore[attr-defined]  # what stdio.run reads lines with
     command = args[args.index("--") + 1 :]
     return asyncio.run(stdio.run(command, cast(Any, Untouched())))
+
+
+def proxy_main(args: list[str]) -> int:
+    """`--proxy noguard|results -- MCP-PROXY ARGS...`: `botbouncer mcp-proxy`
+    itself with some of its guard's checks answered for free (allow, no
+    work): `noguard` every step and every result, `results` every step only,
+    the results checked as usual (after the answer is relayed)."""
+    from gateway.cli import main as cli
+    from gateway.guard.service import Answer, Guard
+
+    async def allow(self: Guard, session: str, body: Any, profile: str | None = None) -> Answer:
+        return Answer(session, "allow", "ok", "Go ahead.", {})
+
+    Guard.step = allow  # type: ignore[method-assign]
+    if args[0] == "noguard":
+        Guard.result = allow  # type: ignore[method-assign]
+    return cli(args[args.index("--") + 1 :])
 
 
 # --- processes and their CPU ------------------------------------------------
@@ -277,6 +297,16 @@ def proxied(name: str, config: Path) -> Contestant:
     args = [*PROXY[1:], "-c", str(config), "--session", marker, "--", *SERVER]
     params = StdioServerParameters(command=PROXY[0], args=args, cwd=ROOT)
     return Contestant(name, params, marker, guarded=True)
+
+
+def half_guarded(mode: str, config: Path) -> Contestant:
+    """The floors `noguard` and `results` (proxy_main)."""
+    marker = f"bench-mcp-{mode}-{uuid.uuid4().hex[:12]}"
+    args = [__file__, "--proxy", mode, "--", "mcp-proxy", "-c", str(config), "--session",
+            marker, "--", *SERVER]  # fmt: skip
+    return Contestant(
+        mode, StdioServerParameters(command=sys.executable, args=args, cwd=ROOT), marker
+    )
 
 
 def floor(mode: str) -> Contestant:
@@ -415,9 +445,11 @@ async def measure() -> str:
             # a contestant costs (about 1.0 when the rounds are fair).
             again = StdioServerParameters(command=SERVER[0], args=[*SERVER[1:], "stdio"], cwd=ROOT)
             contestants.append(Contestant("again", again))
+        config = workdir / "memory.yml"
+        config.write_text("store: {url: 'memory://'}\n" + PROFILE, encoding="utf-8")
+        if FLOORS:
+            contestants += [half_guarded("noguard", config), half_guarded("results", config)]
         if "memory" in STORES:
-            config = workdir / "memory.yml"
-            config.write_text("store: {url: 'memory://'}\n" + PROFILE, encoding="utf-8")
             contestants.append(proxied("memory", config))
         if "redis" in STORES:
             url, server, what = redis_url()
@@ -439,6 +471,8 @@ async def measure() -> str:
 def main() -> int:
     if sys.argv[1:2] == ["--relay"]:
         return relay_main(sys.argv[2:])
+    if sys.argv[1:2] == ["--proxy"]:
+        return proxy_main(sys.argv[2:])
     started = time.perf_counter()
     try:
         last = asyncio.run(measure())
