@@ -1,6 +1,8 @@
 """The guard's masking of volatile text (clock times, durations, UUIDs) is
 written for speed (gateway/guard/normalize.py): it must mask exactly what the
-obvious spelling of the same four patterns masks, on any text."""
+obvious spelling of the same four patterns masks, on any text. So must its
+hashes, made two from one text: the same as made one by one, and the same as
+the releases before made them (a session kept in Redis outlives a release)."""
 
 from __future__ import annotations
 
@@ -65,3 +67,86 @@ def test_key_values_are_masked_only_where_a_separator_is() -> None:
     assert normalize.volatile_text("pid=42 ok", keys) == "pid=~ ok"
     assert normalize.volatile_text("Elapsed: 3 ok", keys) == "Elapsed: ~ ok"
     assert normalize.volatile_text("pid 42 ok", keys) == "pid 42 ok"  # no separator
+
+
+def _every_pair(text: str, keys: frozenset[str]) -> str:
+    """volatile_text as it was before it looked for a volatile key first:
+    the pairs' pattern and its call on every text with a separator."""
+    text = normalize._VOLATILE_TEXT.sub("~", text)
+    if keys and ("=" in text or ":" in text):
+        text = normalize._KEY_VALUE.sub(
+            lambda m: m[1] + "~" if normalize._key(m[2]) in keys else m[0], text
+        )
+    return text
+
+
+# Keys as agents spell them (case, `_`, `-`), near misses, and characters
+# whose lower case is longer (İ) or that are word characters elsewhere.
+KEY_PIECES = [
+    "pid", "PID", "Pid", "p_i-d", "duration_ms", "Duration-MS", "durationMs", "elapsed",
+    "elapsed_seconds", "ts", "t_s", "trace_id", "traceId", "x-pid", "1-pid", "_pid", "pidx",
+    "runtime_ms", "İ", "é", "ß", "xΣ", "xς", "xσ", "Σ",
+]  # fmt: skip
+KEY_TEXT = st.lists(
+    st.one_of(st.sampled_from(KEY_PIECES), st.text("=: ,;-_\n0123456789abcxyzİéΣ", max_size=4)),
+    max_size=10,
+).map("".join)
+
+
+def test_a_key_with_a_final_sigma_is_still_found() -> None:
+    # "Σ" lowers to "ς" at a word's end but to "σ" before ":a" in the whole text
+    keys = normalize._keys(("xς",))
+    assert normalize.volatile_text("xΣ:a", keys) == "xΣ:~" == _every_pair("xΣ:a", keys)
+
+
+@settings(max_examples=EXAMPLES * 20, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    KEY_TEXT,
+    st.sampled_from([normalize.VOLATILE_KEYS, ("pid",), ("Trace-ID", "ts"), ("xς",), ("xσ",), ()]),
+)
+def test_looking_for_a_key_first_masks_the_same_pairs(text: str, names: tuple[str, ...]) -> None:
+    keys = normalize._keys(names)
+    assert normalize.volatile_text(text, keys) == _every_pair(text, keys)
+
+
+@settings(max_examples=EXAMPLES * 5, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.text())
+def test_looking_for_a_key_first_on_any_text(text: str) -> None:
+    keys = normalize._keys(normalize.VOLATILE_KEYS)
+    assert normalize.volatile_text(text, keys) == _every_pair(text, keys)
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(st.text(min_size=1, max_size=8), JSON)
+def test_hashes_made_two_from_one_text_are_the_hashes_made_one_by_one(
+    tool: str, value: object
+) -> None:
+    assert normalize.call_hashes(tool, value) == (
+        normalize.signature(tool, value),
+        normalize.shape(value),
+    )
+    assert normalize.value_hashes(value) == (
+        normalize.digest(normalize.canonical(value)),
+        normalize.shape(value),
+    )
+
+
+def test_the_hashes_are_those_sessions_already_hold() -> None:
+    args = {"path": "src/mod3.py", "start": 10, "count": 40}
+    assert normalize.call_hashes("read_file", args) == ("7b427237a2eafa27", "68fbabac113cddf1")
+    output = {"lines": ["001: took 12 ms", "pid=42"], "ok": True}
+    steady = normalize.steady(output)
+    assert steady == {"lines": ["001: took ~", "pid=~"], "ok": True}
+    assert normalize.value_hashes(steady) == (
+        normalize.digest('{"lines":["001: took ~","pid=~"],"ok":true}'),
+        normalize.digest('{"lines":["#: took ~","pid=~"],"ok":true}'),
+    )

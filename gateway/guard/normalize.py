@@ -158,7 +158,11 @@ def digest(text: str) -> str:
 
 
 def signature(tool: str, args: Any) -> str:
-    return digest(tool + "\x00" + canonical(args))
+    return _signature_of(tool, canonical(args))
+
+
+def _signature_of(tool: str, text: str) -> str:
+    return digest(tool + "\x00" + text)
 
 
 # Keys whose values change on every run of one call: timings, process ids,
@@ -179,12 +183,15 @@ VOLATILE_KEYS = (
 # obvious spelling, an alternation of `\d{4}-...`, `\b\d{1,2}:...`,
 # `\b\d+...` and `\b[0-9a-fA-F]{8}-...`, matches exactly the same (a test
 # compares them) but is tried at every character, 1.4 to 2.7 times slower on
-# a kilobyte of tool output.
+# a kilobyte of tool output. A duration's digits are taken possessively
+# (`\d*+`): giving some back would leave a digit before the unit, which no
+# unit starts with, so only the backtracking goes (a line with a long number
+# masks a fifth faster).
 _VOLATILE_TEXT = re.compile(
     r"[\da-fA-F](?:(?<=\d)(?:"
     r"\d{3}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?"
     r"|(?<!\w\w)(?:\d?:\d{2}:\d{2}(?:[.,]\d+)?\b"
-    r"|\d*(?:[.,]\d+)?\s?(?:ms|s|sec|secs|seconds?|milliseconds?|us|µs|ns)\b))"
+    r"|\d*+(?:[.,]\d++)?+\s?+(?:ms|s|sec|secs|seconds?|milliseconds?|us|µs|ns)\b))"
     r"|(?<=[0-9a-fA-F])(?<!\w\w)"
     r"[0-9a-fA-F]{7}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b)"
 )
@@ -202,11 +209,26 @@ def _keys(names: tuple[str, ...]) -> frozenset[str]:
     return frozenset(_key(k) for k in names)
 
 
+@functools.lru_cache(maxsize=64)
+def _any_key(keys: frozenset[str]) -> re.Pattern[str] | None:
+    """Finds any of `keys` (_key forms) in a text made a _key form itself;
+    None when a key holds a final sigma (ς), the one letter whose lower case
+    depends on what follows it, so a word's _key form may not be part of its
+    text's."""
+    if any("ς" in k for k in keys):
+        return None
+    return re.compile("|".join(re.escape(k) for k in sorted(keys, key=len, reverse=True)))
+
+
 def volatile_text(text: str, keys: frozenset[str]) -> str:
     """`text` with its clock times, durations and UUIDs masked, and the value
     of every `key=value` / `key: value` whose key is volatile."""
     text = _VOLATILE_TEXT.sub("~", text)
-    if keys and ("=" in text or ":" in text):  # a scan in C, before the regex's
+    # Scans in C before the regex's and its call per pair: a pair's key, as
+    # _key makes it, is part of the whole text made so (_key maps character
+    # by character), so a text that holds no volatile key has no such pair.
+    any_key = _any_key(keys) if keys else None
+    if keys and ("=" in text or ":" in text) and (any_key is None or any_key.search(_key(text))):
         text = _KEY_VALUE.sub(lambda m: m[1] + "~" if _key(m[2]) in keys else m[0], text)
     return text
 
@@ -266,7 +288,23 @@ def result_hash(output: Any, volatile_keys: tuple[str, ...] = VOLATILE_KEYS) -> 
 def shape(value: Any) -> str:
     """A hash of `value` with every number masked: `{"try": 3}` and `{"try": 4}`,
     "error 3" and "error 4" are one shape (a retry counter is no new call)."""
-    return digest(_DIGITS.sub("#", canonical(value)))
+    return _shape_of(canonical(value))
+
+
+def _shape_of(text: str) -> str:
+    return digest(_DIGITS.sub("#", text))
+
+
+def call_hashes(tool: str, args: Any) -> tuple[str, str]:
+    """signature(tool, args) and shape(args), from one canonical text."""
+    text = canonical(args)
+    return _signature_of(tool, text), _shape_of(text)
+
+
+def value_hashes(value: Any) -> tuple[str, str]:
+    """digest(canonical(value)) and shape(value), from one canonical text."""
+    text = canonical(value)
+    return digest(text), _shape_of(text)
 
 
 # Argument keys that name what a call acts on. Calls whose targets all differ

@@ -358,10 +358,11 @@ class Guard:
     def _step(self, body: Any, profile: str | None) -> dict[str, Any]:
         req = parse_body(StepBody, body)
         _, p = self.profile(profile)
+        sig, ash = normalize.call_hashes(req.tool, req.args)
         payload: dict[str, Any] = {
             "tool": req.tool,
-            "sig": normalize.signature(req.tool, req.args),
-            "ash": normalize.shape(req.args),
+            "sig": sig,
+            "ash": ash,
             "tgt": normalize.target(req.args, p.fixation.target_keys),
             "toks": normalize.tokens(req.args, p.session.max_tokens),
             "exempt": req.tool in p.exempt_tools,
@@ -380,12 +381,12 @@ class Guard:
         _, p = self.profile(profile)
         sub = req.tool in p.subagents.tools
         # compared without what changes on every run (timings, pids, ...)
-        steady = normalize.steady(req.output, p.results.volatile_keys)
+        rh, rsh = normalize.value_hashes(normalize.steady(req.output, p.results.volatile_keys))
         return {
             "tool": req.tool,
             "ok": req.ok,
-            "rh": normalize.digest(normalize.canonical(steady)),
-            "rsh": normalize.shape(steady),
+            "rh": rh,
+            "rsh": rsh,
             "exempt": req.tool in p.exempt_tools,
             "poll": req.tool in p.polling.tools,
             "sub": sub,
