@@ -147,8 +147,12 @@ class MemoryEngine:
             }
         )
         self._lua.globals().HOST = host
+        # KEYS and ARGV made in Lua: two tables fewer to build from Python per check
         self._fn = self._lua.execute(
-            "return function(KEYS, ARGV)\n" + _script("memory_prelude.lua") + "\nend"
+            "return function(key, op, limits, payload, profile, now)\n"
+            "local KEYS, ARGV = {key}, {op, limits, payload, profile, now}\n"
+            + _script("memory_prelude.lua")
+            + "\nend"
         )
         self._enc = self._lua.execute(_lua("enc.lua") + "\nreturn enc")
 
@@ -240,11 +244,8 @@ class MemoryEngine:
         now_ms: int | None,
     ) -> list[str]:
         # The payload as a table: no JSON text made here and parsed in Lua.
-        lua = self._lua
-        keys = lua.table_from([session])
-        table = lua.table_from(payload, recursive=True)
-        args = lua.table_from([op, limits, table, profile, "" if now_ms is None else now_ms])
-        out = self._fn(keys, args)
+        table = self._lua.table_from(payload, recursive=True)
+        out = self._fn(session, op, limits, table, profile, "" if now_ms is None else now_ms)
         if len(self._hot) > self.HOT:
             self._cool()
         return [str(out[i]) for i in range(1, len(out) + 1)]

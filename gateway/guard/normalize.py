@@ -148,9 +148,14 @@ def loads(raw: bytes | str, limit: int = MAX_JSON_DEPTH) -> Any:
         raise ValueError(f"nested deeper than {limit} levels") from None
 
 
+# What json.dumps(value, sort_keys=True, separators=(",", ":"),
+# ensure_ascii=False) builds on every call, built once.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def canonical(value: Any) -> str:
     """JSON with sorted keys and no spaces: equal arguments, equal text."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _CANONICAL.encode(value)
 
 
 def digest(text: str) -> str:

@@ -102,6 +102,23 @@ class Answer:
         }
 
 
+_DECODER = json.JSONDecoder()
+
+
+def _read(text: str) -> Any:
+    """JSON the guard's script wrote (enc.lua: compact, one value): "{}" and
+    "[]", most of it, without a parse, the rest without json.loads's checks
+    for what it never writes (leading space, a str or bytes argument)."""
+    if text == "{}":
+        return {}
+    if text == "[]":
+        return []
+    value, end = _DECODER.raw_decode(text)
+    if end != len(text):
+        raise ValueError(f"guard script: more than one JSON value in {text[:60]!r}")
+    return value
+
+
 def _money(micro: int) -> float:
     return round(micro / MICRO, 6)
 
@@ -305,7 +322,7 @@ class Guard:
 
     def _answer(self, session: str, raw: list[str]) -> Answer:
         decision, reason, evidence, meta, also = raw
-        ev = json.loads(evidence)
+        ev = _read(evidence)
         if decision == "error":
             if reason == "profile_mismatch":
                 raise ProfileConflict(
@@ -313,7 +330,7 @@ class Guard:
                     f"?profile={ev.get('profile')} or DELETE the session to start over"
                 )
             raise RuntimeError(f"guard script: {reason} {ev}")  # a bug, not bad input
-        info = json.loads(meta)
+        info = _read(meta)
         if "best_confidence" in ev:
             best = ev["best_confidence"]
             ev["best_confidence"] = None if best < 0 else round(best / MICRO, 6)
@@ -325,7 +342,7 @@ class Guard:
             reason=reason,
             message=message(reason, ev, budget),
             evidence=ev,
-            also=json.loads(also),
+            also=_read(also),
             budget=budget,
             steps=steps,
         )
