@@ -232,8 +232,10 @@ def volatile_text(text: str, keys: frozenset[str]) -> str:
     # Scans in C before the regex's and its call per pair: a pair's key, as
     # _key makes it, is part of the whole text made so (_key maps character
     # by character), so a text that holds no volatile key has no such pair.
-    any_key = _any_key(keys) if keys else None
-    if keys and ("=" in text or ":" in text) and (any_key is None or any_key.search(_key(text))):
+    if not keys or ("=" not in text and ":" not in text):
+        return text
+    any_key = _any_key(keys)
+    if any_key is None or any_key.search(_key(text)):
         text = _KEY_VALUE.sub(lambda m: m[1] + "~" if _key(m[2]) in keys else m[0], text)
     return text
 
