@@ -299,19 +299,15 @@ def proxied(name: str, config: Path) -> Contestant:
     return Contestant(name, params, marker, guarded=True)
 
 
-def half_guarded(mode: str, config: Path) -> Contestant:
-    """The floors `noguard` and `results` (proxy_main)."""
+def floor(mode: str, config: Path | None = None) -> Contestant:
+    """A floor this file runs: `relay` or `parse` (relay_main), or with the
+    proxy's `config`, `noguard` or `results` (proxy_main)."""
     marker = f"bench-mcp-{mode}-{uuid.uuid4().hex[:12]}"
-    args = [__file__, "--proxy", mode, "--", "mcp-proxy", "-c", str(config), "--session",
-            marker, "--", *SERVER]  # fmt: skip
-    return Contestant(
-        mode, StdioServerParameters(command=sys.executable, args=args, cwd=ROOT), marker
-    )
-
-
-def floor(mode: str) -> Contestant:
-    marker = f"bench-mcp-{mode}-{uuid.uuid4().hex[:12]}"
-    args = [__file__, "--relay", mode, marker, "--", *SERVER]
+    if config is None:
+        args = [__file__, "--relay", mode, marker, "--", *SERVER]
+    else:
+        args = [__file__, "--proxy", mode, "--", "mcp-proxy", "-c", str(config), "--session",
+                marker, "--", *SERVER]  # fmt: skip
     return Contestant(
         mode, StdioServerParameters(command=sys.executable, args=args, cwd=ROOT), marker
     )
@@ -448,7 +444,7 @@ async def measure() -> str:
         config = workdir / "memory.yml"
         config.write_text("store: {url: 'memory://'}\n" + PROFILE, encoding="utf-8")
         if FLOORS:
-            contestants += [half_guarded("noguard", config), half_guarded("results", config)]
+            contestants += [floor("noguard", config), floor("results", config)]
         if "memory" in STORES:
             contestants.append(proxied("memory", config))
         if "redis" in STORES:
