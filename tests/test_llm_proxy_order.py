@@ -32,13 +32,7 @@ async def test_checks_run_one_at_a_time_in_the_order_they_came() -> None:
 
 async def test_a_check_that_waits_past_the_hold_lets_the_next_start() -> None:
     gate, log = Turns(wait=10.0, hold=0.05), []
-    stuck = asyncio.Event()
-
-    async def slow() -> None:
-        async with gate.turn():
-            log.append("slow in")
-            await stuck.wait()  # a store that does not answer (its own timeout bounds it)
-            log.append("slow out")
+    stuck = asyncio.Event()  # a store that does not answer (its own timeout bounds it)
 
     async def quick(name: str) -> None:
         async with gate.turn():
@@ -46,7 +40,7 @@ async def test_a_check_that_waits_past_the_hold_lets_the_next_start() -> None:
             await asyncio.sleep(0)
             log.append(f"{name} out")
 
-    first = asyncio.create_task(slow())
+    first = asyncio.create_task(_hold(gate, "slow", log, stuck))
     await asyncio.sleep(0)
     others = [asyncio.create_task(quick(n)) for n in "ab"]
     await asyncio.wait_for(asyncio.gather(*others), 1.0)  # not held until `stuck`
@@ -63,17 +57,11 @@ async def test_a_check_that_waited_past_its_wait_goes_on_beside_the_others() -> 
     gate, log = Turns(wait=0.05, hold=10.0), []
     release = asyncio.Event()
 
-    async def holder() -> None:
-        async with gate.turn():
-            log.append("holder in")
-            await release.wait()
-            log.append("holder out")
-
     async def late() -> None:
         async with gate.turn():
             log.append("late in")
 
-    first = asyncio.create_task(holder())
+    first = asyncio.create_task(_hold(gate, "holder", log, release))
     await asyncio.sleep(0)
     await asyncio.wait_for(late(), 1.0)  # in after 0.05 s, the holder still in
     assert log == ["holder in", "late in"]
@@ -96,13 +84,9 @@ async def test_a_check_that_fails_or_is_cancelled_gives_its_turn_up() -> None:
             holder_in.set()
             await asyncio.sleep(10)
 
-    async def waiter() -> None:
-        async with gate.turn():
-            pass
-
     held = asyncio.create_task(holder())
     await holder_in.wait()
-    waiting = asyncio.create_task(waiter())
+    waiting = asyncio.create_task(_enter(gate))
     await asyncio.sleep(0.01)
     waiting.cancel()  # the agent went away while its check waited for its turn
     held.cancel()
@@ -115,6 +99,14 @@ async def test_a_check_that_fails_or_is_cancelled_gives_its_turn_up() -> None:
 async def _enter(gate: Turns) -> None:
     async with gate.turn():
         pass
+
+
+async def _hold(gate: Turns, name: str, log: list[str], until: asyncio.Event) -> None:
+    """A check in its turn until `until` is set (its store answers)."""
+    async with gate.turn():
+        log.append(f"{name} in")
+        await until.wait()
+        log.append(f"{name} out")
 
 
 def _history(i: int) -> dict[str, Any]:
