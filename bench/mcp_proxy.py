@@ -35,8 +35,9 @@ ratio memory/direct (target <= 1.2).
 BENCH_FLOORS=1 adds contestants that split the proxy's cost: the proxy's
 own stdio relay (gateway/mcpproxy/stdio.py, run by this file with
 `--relay`) passing every line untouched without parsing it (`relay`), and
-the same parsing every line with the SDK's types as the proxy does, still
-without the guard (`parse`); `botbouncer mcp-proxy` itself (run by this file
+the same reading every line with the SDK's types as the proxy does (a call
+before it is forwarded, an answer after it is relayed), still without the
+guard (`parse`); `botbouncer mcp-proxy` itself (run by this file
 with `--proxy`) with every guard check answered allow for free (`noguard`),
 and with only the steps answered so, the results checked as usual
 (`results`); and a control: the direct server started a second time
@@ -62,6 +63,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -131,13 +133,17 @@ def pctl(values: list[float], q: float) -> float:
 
 
 class Untouched:
-    """In place of ToolCalls: every message is left alone."""
+    """In place of ToolCalls: every message is left alone; an answer is read
+    after it is relayed, as ToolCalls reads it while no warning waits."""
+
+    def __init__(self, read: Callable[[bytes], Any]) -> None:
+        self.read = read
 
     async def from_client(self, message: Any) -> None:
         return None
 
-    async def from_server(self, message: Any) -> None:
-        return None
+    async def from_server_raw(self, raw: bytes) -> None:
+        asyncio.get_running_loop().call_soon(self.read, raw)
 
     async def settle(self) -> None:
         return None
@@ -151,12 +157,13 @@ def unread(raw: bytes | str) -> Any:
 def relay_main(args: list[str]) -> int:
     """`--relay relay|parse MARKER -- CMD...`: gateway/mcpproxy/stdio.py's relay
     with no guard; `relay` does not even parse the lines."""
-    from gateway.mcpproxy import stdio
+    from gateway.mcpproxy import calls, stdio
 
+    read = calls.parse
     if args[0] == "relay":
-        stdio.parse = unread  # type: ignore[attr-defined]  # what stdio.run reads lines with
+        read = stdio.parse = unread  # type: ignore[attr-defined]  # what stdio.run reads lines with
     command = args[args.index("--") + 1 :]
-    return asyncio.run(stdio.run(command, cast(Any, Untouched())))
+    return asyncio.run(stdio.run(command, cast(Any, Untouched(read))))
 
 
 def proxy_main(args: list[str]) -> int:

@@ -19,6 +19,9 @@ What is proven:
   the SDK would not write (spaces, key order, escapes) pass as they came;
 - progress notifications and log messages reach the client in order, as
   they are sent (not held back until the call's answer), then the result;
+- an answer no warning waits for is relayed before the proxy reads it and
+  still recorded before the next step is judged; one a warning waits for
+  is read first and relayed with it (in process, on `ToolCalls`);
 - a call the SDK cancels is cancelled on the server; it keeps its step and
   never gets a result, even from an answer the server sends after the
   cancellation; later calls are guarded and recorded as before;
@@ -58,9 +61,11 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, TextContent
 
-from gateway.guard.engine import RedisEngine
+from gateway.guard.engine import RedisEngine, engine_for
 from gateway.guard.profiles import GuardConfig
 from gateway.guard.service import Guard
+from gateway.mcpproxy.calls import ToolCalls, parse
+from gateway.store import open_store
 from gateway.store.redis import RedisStore
 from tests.redis_server import RedisServer, delete_matching, free_port
 
@@ -379,6 +384,61 @@ async def test_a_warning_only_a_result_raises_comes_with_the_next_successful_res
         "change it: act on the result or move on.",
     ]
     assert texts(plain) == ["no results for moon phases"]
+
+
+def call_line(rid: int, query: str) -> bytes:
+    return json.dumps(search_call(rid, query)).encode() + b"\n"
+
+
+def answer_line(rid: int, text: str) -> bytes:
+    result = {"content": [{"type": "text", "text": text}], "isError": False}
+    return json.dumps({"jsonrpc": "2.0", "id": rid, "result": result}).encode() + b"\n"
+
+
+def at_once(step: Awaitable[bytes | None]) -> bytes | None:
+    """What a coroutine returns when it returns without waiting for anything."""
+    coroutine: Any = step
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    coroutine.close()
+    raise AssertionError("it waited before it answered")
+
+
+async def test_an_answer_no_warning_waits_for_is_relayed_before_it_is_read() -> None:
+    # Breaks if the proxy reads an answer (the SDK's types, the result's
+    # text) before relaying it while nothing can be added to it, so that the
+    # agent waits for that work; if an answer relayed unread is never
+    # recorded, or recorded after the next step is judged; or if an answer a
+    # warning waits for is relayed without it. In process, on the transports'
+    # own entry points (ToolCalls, the real guard on memory): what the SDK
+    # sees of the same is the tests above.
+    store = open_store("memory://")
+    guard = Guard(GuardConfig(), engine_for(store))
+    calls = ToolCalls(guard, "relayed", "default")
+    try:
+        for rid in (2, 3):
+            request = parse(call_line(rid, "tide tables"))
+            assert request is not None and await calls.from_client(request) is None
+            assert at_once(calls.from_server_raw(answer_line(rid, "no results"))) is None
+            assert rid in calls.pending  # relayed unread: read after
+            # The next step waits for the record: judged on every result before it.
+        third = parse(call_line(4, "tide tables"))
+        assert third is not None and await calls.from_client(third) is None
+        assert not calls.recording and list(calls.pending) == [4]
+        assert calls.pending[4].step is not None and calls.pending[4].step.decision == "warn"
+        # An answer a warning waits for is read first and relayed with it.
+        warned = await calls.from_server_raw(answer_line(4, "no results"))
+        assert warned is not None
+        note = [c["text"] for c in json.loads(warned)["result"]["content"]]
+        assert note[0] == "no results" and note[1].startswith(WARNED), note
+        await calls.settle()
+        state = await guard.state("relayed")
+        assert state["tools"]["search"]["same_result_streak"] == 3, state
+        assert all("result" in c for c in state["recent_calls"]), state
+    finally:
+        await store.close()
 
 
 async def test_profile_from_config_sets_the_limits_exemptions_and_polls(tmp_path: Path) -> None:

@@ -7,9 +7,10 @@ leaves alone, is relayed as the bytes it came as.
 
 Both transports (gateway/mcpproxy/stdio.py, http.py) hand each message to
 `ToolCalls`, one per client connection: `from_client` for what the client
-sends, `from_server` for what the server sends (a JSON-RPC batch goes to
-`from_client_batch` / `from_server_batch`, which take it message by
-message). Messages are read with the
+sends, `from_server_raw` for the lines (or bodies) the server sends, which
+are relayed before they are read unless a warning waits to be added (a
+JSON-RPC batch from the client goes to `from_client_batch`, which takes it
+message by message). Messages are read with the
 MCP SDK's own types (mcp_types); one that does not parse is not ours to
 judge and passes untouched.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +71,13 @@ def _message(item: Any) -> mcp.JSONRPCMessage | None:
         return mcp.jsonrpc_message_adapter.validate_python(item)
     except ValidationError:
         return None
+
+
+def _messages(raw: bytes) -> list[mcp.JSONRPCMessage | None]:
+    """A line's message, or a batch's messages (None for one we cannot read)."""
+    if is_batch(raw):
+        return [_message(item) for item in _items(raw) or []]
+    return [parse(raw)]
 
 
 @dataclass
@@ -142,10 +151,63 @@ class ToolCalls:
     async def from_server(self, message: mcp.JSONRPCMessage) -> mcp.JSONRPCMessage | None:
         """None: forward the message as it came; else the message to send instead.
 
-        The result is recorded after this returns (`_record`): the answer
+        The result is recorded after this returns (`_track`): the answer
         goes to the client first, and the next call's step waits for the
         record (`settle`). A warning the result raises reaches the model with
         the next successful result."""
+        taken = self._take(message)
+        if taken is None:
+            return None
+        call, body, result = taken
+        self._track(self._result(body))
+        if result is None or result.is_error or not self.warn_note:
+            return None
+        note = call.step.message if call.step is not None and call.step.decision == "warn" else None
+        note, self.note = note or self.note, None
+        if note is None:
+            return None
+        # The model reads the warning beside the result it asked for.
+        assert isinstance(message, mcp.JSONRPCResponse)
+        block = {"type": "text", "text": NOTE + note}
+        content = [*message.result.get("content", []), block]
+        return mcp.JSONRPCResponse(
+            jsonrpc="2.0", id=message.id, result={**message.result, "content": content}
+        )
+
+    async def from_server_raw(self, raw: bytes) -> bytes | None:
+        """A line (or body) of the server's: None to relay it as it came, else
+        the bytes to relay instead.
+
+        While no answer can be changed (no warning waits to be added to one)
+        it is relayed unread: it is read and its result recorded after, in a
+        task the next step waits for like any other record, so what the
+        proxy does with an answer costs the client no time."""
+        if not self.warn_note or (self.note is None and not self._warned()):
+            self._track(self._relayed(raw))
+            return None
+        if is_batch(raw):
+            return await self.from_server_batch(raw)
+        message = parse(raw)
+        instead = await self.from_server(message) if message is not None else None
+        return dump(instead) if instead is not None else None
+
+    def _warned(self) -> bool:
+        """Some call awaiting its answer was warned (its answer gets the warning)."""
+        return any(p.step is not None and p.step.decision == "warn" for p in self.pending.values())
+
+    async def _relayed(self, raw: bytes) -> None:
+        """Record what an answer relayed unread holds (from_server_raw)."""
+        for message in _messages(raw):
+            taken = self._take(message) if message is not None else None
+            if taken is not None:
+                await self._result(taken[1])
+
+    def _take(
+        self, message: mcp.JSONRPCMessage
+    ) -> tuple[Pending, dict[str, Any], mcp.CallToolResult | None] | None:
+        """The call a message answers (no longer pending), the guard result it
+        makes and, when it is a CallToolResult, that; None when it answers no
+        tool call of ours or is not a result the guard can read."""
         if not isinstance(message, mcp.JSONRPCResponse | mcp.JSONRPCError):
             return None
         if message.id is None:
@@ -154,25 +216,13 @@ class ToolCalls:
         if call is None:
             return None
         if isinstance(message, mcp.JSONRPCError):
-            self._record({"tool": call.tool, "ok": False, "output": message.error.message})
-            return None
+            return call, {"tool": call.tool, "ok": False, "output": message.error.message}, None
         try:
             result = mcp.CallToolResult.model_validate(message.result)
         except ValidationError:
             return None
-        self._record({"tool": call.tool, "ok": not result.is_error, "output": result_text(result)})
-        if result.is_error or not self.warn_note:
-            return None
-        note = call.step.message if call.step is not None and call.step.decision == "warn" else None
-        note, self.note = note or self.note, None
-        if note is None:
-            return None
-        # The model reads the warning beside the result it asked for.
-        block = {"type": "text", "text": NOTE + note}
-        content = [*message.result.get("content", []), block]
-        return mcp.JSONRPCResponse(
-            jsonrpc="2.0", id=message.id, result={**message.result, "content": content}
-        )
+        body = {"tool": call.tool, "ok": not result.is_error, "output": result_text(result)}
+        return call, body, result
 
     async def from_client_batch(self, raw: bytes) -> ClientBatch:
         """A JSON-RPC batch from the client (the protocol's 2025-03-26
@@ -216,8 +266,8 @@ class ToolCalls:
             json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode() if changed else None
         )
 
-    def _record(self, body: dict[str, Any]) -> None:
-        task = asyncio.ensure_future(self._result(body))
+    def _track(self, record: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(record)
         self.recording.add(task)
         task.add_done_callback(self.recording.discard)
 

@@ -151,12 +151,8 @@ class HttpProxy:
 async def _replaced(raw: bytes, calls: ToolCalls) -> bytes:
     """A message (or a batch) of the server's as it came, or as ToolCalls
     would have it instead."""
-    if is_batch(raw):
-        batch = await calls.from_server_batch(raw)
-        return batch if batch is not None else raw
-    message = parse(raw)
-    instead = await calls.from_server(message) if message is not None else None
-    return dump(instead) if instead is not None else raw
+    instead = await calls.from_server_raw(raw)
+    return instead if instead is not None else raw
 
 
 def _merged(body: bytes, extra: list[mcp.JSONRPCMessage]) -> bytes:

@@ -115,13 +115,8 @@ async def run(
 
     async def server_side() -> None:
         while line := await from_child.readline():
-            if is_batch(line):
-                batch = await calls.from_server_batch(line)
-                replaced = batch + b"\n" if batch is not None else None
-            else:
-                message = parse(line)
-                instead = await calls.from_server(message) if message is not None else None
-                replaced = dump(instead) + b"\n" if instead is not None else None
+            instead = await calls.from_server_raw(line)
+            replaced = instead + b"\n" if instead is not None else None
             try:
                 await out.write(replaced if replaced is not None else line)
             except (ConnectionError, BrokenPipeError):
