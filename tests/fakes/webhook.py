@@ -87,7 +87,7 @@ class FakeWebhook:
     async def __aenter__(self) -> FakeWebhook:
         app = web.Application()
         app.router.add_post("/hook", self._handle)
-        self._runner = web.AppRunner(app, shutdown_timeout=1)
+        self._runner = web.AppRunner(app, shutdown_timeout=1, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()

@@ -24,7 +24,7 @@ class FakeDiscord(Interactions):
     # -- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> FakeDiscord:
-        self._runner = web.AppRunner(self._app(), shutdown_timeout=1)
+        self._runner = web.AppRunner(self._app(), shutdown_timeout=1, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", 0).start()
         port = self._runner.addresses[0][1]

@@ -51,7 +51,7 @@ class FakeSlack(WebApi):
         app = web.Application()
         app.router.add_route("*", "/api/{method}", self._handle_api)
         app.router.add_get("/socket/{conn_id}", self._handle_socket)
-        self._runner = web.AppRunner(app, shutdown_timeout=1)
+        self._runner = web.AppRunner(app, shutdown_timeout=1, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", 0).start()
         port = self._runner.addresses[0][1]

@@ -64,7 +64,9 @@ class FakeTelegram(BotApi):
         app = web.Application()
         app.router.add_post("/bot{token}/{method}", self._handle)
         # handler_cancellation: a long poll PTB abandons (Updater.stop) ends with it
-        self._runner = web.AppRunner(app, shutdown_timeout=1, handler_cancellation=True)
+        self._runner = web.AppRunner(
+            app, shutdown_timeout=1, access_log=None, handler_cancellation=True
+        )
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", 0).start()
         self.api_base = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
