@@ -148,7 +148,7 @@ class ToolCalls:
         self.pending[message.id] = Pending(params.name, answer)
         return None
 
-    async def from_server(self, message: mcp.JSONRPCMessage) -> mcp.JSONRPCMessage | None:
+    async def _from_server(self, message: mcp.JSONRPCMessage) -> mcp.JSONRPCMessage | None:
         """None: forward the message as it came; else the message to send instead.
 
         The result is recorded after this returns (`_track`): the answer
@@ -186,9 +186,9 @@ class ToolCalls:
             self._track(self._relayed(raw))
             return None
         if is_batch(raw):
-            return await self.from_server_batch(raw)
+            return await self._from_server_batch(raw)
         message = parse(raw)
-        instead = await self.from_server(message) if message is not None else None
+        instead = await self._from_server(message) if message is not None else None
         return dump(instead) if instead is not None else None
 
     def _warned(self) -> bool:
@@ -246,9 +246,9 @@ class ToolCalls:
         rest = json.dumps(kept, ensure_ascii=False, separators=(",", ":")).encode()
         return ClientBatch(rest if kept else None, answers)
 
-    async def from_server_batch(self, raw: bytes) -> bytes | None:
+    async def _from_server_batch(self, raw: bytes) -> bytes | None:
         """A JSON-RPC batch from the server: None to forward it as it came,
-        else the batch to send instead (each message as from_server has it)."""
+        else the batch to send instead (each message as _from_server has it)."""
         items = _items(raw)
         if items is None:
             return None
@@ -256,7 +256,7 @@ class ToolCalls:
         changed = False
         for item in items:
             message = _message(item)
-            instead = await self.from_server(message) if message is not None else None
+            instead = await self._from_server(message) if message is not None else None
             if instead is None:
                 out.append(item)
             else:

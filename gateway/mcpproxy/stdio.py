@@ -116,9 +116,8 @@ async def run(
     async def server_side() -> None:
         while line := await from_child.readline():
             instead = await calls.from_server_raw(line)
-            replaced = instead + b"\n" if instead is not None else None
             try:
-                await out.write(replaced if replaced is not None else line)
+                await out.write(instead + b"\n" if instead is not None else line)
             except (ConnectionError, BrokenPipeError):
                 # The client closed its end: nothing can reach it any more;
                 # end as if it had closed stdin (the child gets its grace).
