@@ -48,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -72,10 +73,24 @@ THROUGHPUT_TARGET = 0.9  # at least
 P99_TARGET = 1.1  # at most
 CPU_TARGET = 1.05  # at most: the bot's process, botbouncer's daemon against the bare bot
 MAX_REPLIES = 1_000_000  # b's rate cap, the config's upper bound: it never bites
+# A checkout of botbouncer whose daemon is contestant a instead of the bare
+# bot: two versions side by side, in the same rounds (the targets then say nothing)
+BASELINE = Path(os.environ["E2E_BASELINE"]).resolve() if os.environ.get("E2E_BASELINE") else None
 STOP_S = 15.0  # SIGTERM to exit, then SIGKILL
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # discord.py colours its log lines
 
 STARTED: list[subprocess.Popen[bytes]] = []  # every contestant's process, stopped at the end
+
+
+def baseline_store(store_url: str) -> str:
+    """The store of E2E_BASELINE's daemon: on Redis the next database of the
+    same server (so the two daemons share no key, and the server's CPU is
+    read for whichever runs), else the same URL."""
+    parts = urllib.parse.urlsplit(store_url)
+    if not parts.scheme.startswith("redis"):
+        return store_url
+    db = int(parts.path.strip("/") or 0)
+    return urllib.parse.urlunsplit(parts._replace(path=f"/{(db + 1) % 16}"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,16 +416,19 @@ class Contestant(abc.ABC, Generic[F]):
         """What fails a run that got all its replies."""
         return None
 
-    def spawn(self, args: list[str]) -> None:
-        """Its process, from the repo root, stdout and stderr in its log
-        (never an unread pipe)."""
+    def spawn(self, args: list[str], cwd: Path = ROOT) -> None:
+        """Its process, from the repo root (or `cwd`), stdout and stderr in
+        its log (never an unread pipe)."""
         with self.log.open("wb") as out:  # the child keeps its own descriptor
-            self.proc = subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+            self.proc = subprocess.Popen(args, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL)  # fmt: skip
         STARTED.append(self.proc)
 
-    def spawn_daemon(self, platform: str, token: str, store_url: str, **settings: Any) -> None:
-        """botbouncer's daemon, `python -m gateway run -c <config>`: one bot
+    def spawn_daemon(
+        self, platform: str, token: str, store_url: str, checkout: Path = ROOT, **settings: Any
+    ) -> None:
+        """botbouncer's daemon, `python -m gateway run -c <config>` (from
+        this repo, or the one at `checkout`): one bot
         of `platform` (its `settings` added) at the fake, the echo backend,
         `respond_to: mentions`, the rate cap lifted (every message is
         answered) and the machine-pace backstop off (the simulated people
@@ -423,10 +441,11 @@ class Contestant(abc.ABC, Generic[F]):
                "machine_pace": {"within_seconds": 0}}  # fmt: skip
         config = {"store": {"url": store_url}, "http": {"listen": f"127.0.0.1:{port}"},
                   "bots": [bot]}  # fmt: skip
-        path = self.log.parent / "botbouncer.yml"
+        path = self.log.with_suffix(".yml")  # its own: two daemons may share the directory
         path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
         self.health = f"http://127.0.0.1:{port}/healthz"
-        self.spawn([sys.executable, "-m", "gateway", "run", "-c", str(path)])
+        # `-m gateway` from `checkout`: its own package comes first on sys.path
+        self.spawn([sys.executable, "-m", "gateway", "run", "-c", str(path)], cwd=checkout)
 
     def tail(self, lines: int = 15) -> str:
         try:
@@ -559,6 +578,13 @@ class Contestant(abc.ABC, Generic[F]):
             await self.redis.aclose()
 
 
+def say_baseline() -> None:
+    if BASELINE is not None:
+        print(f"a is not the bare bot: botbouncer's daemon from {BASELINE} (E2E_BASELINE), "
+              "on the next Redis database; b/a compares two versions, and the targets, "
+              "set against the bare bot, say nothing here")  # fmt: skip
+
+
 @contextlib.asynccontextmanager
 async def started(*contestants: Contestant[Any]) -> AsyncIterator[None]:
     """Their fakes started; at the end, whatever happened, each stopped."""
@@ -623,8 +649,12 @@ class Bench(abc.ABC, Generic[C]):
     def contestants(self, logs: Path) -> tuple[C, C]: ...
 
     @abc.abstractmethod
-    def spawn(self, a: C, b: C, store_url: str) -> None:
-        """Start a's process and b's (`b.spawn_daemon`), their fakes running."""
+    def spawn_bare(self, a: C) -> None:
+        """Start the bare bot's process, its fake running."""
+
+    @abc.abstractmethod
+    def spawn_bouncer(self, c: C, store_url: str, checkout: Path = ROOT) -> None:
+        """Start botbouncer's daemon (`c.spawn_daemon`) from `checkout`, its fake running."""
 
     @abc.abstractmethod
     def header(self, on: str, store_kind: str) -> None:
@@ -641,17 +671,27 @@ class Bench(abc.ABC, Generic[C]):
         version = await redis_version(redis_url)
         if shared:
             await delete_matching(redis_url, self.keys)
+            await delete_matching(baseline_store(redis_url), self.keys)
         try:
             with tempfile.TemporaryDirectory(prefix=f"bb-{self.name}-") as tmp:
                 a, b = self.contestants(Path(tmp))
+                store = redis_url if on_redis else "memory://"
                 async with started(a, b):
-                    self.spawn(a, b, redis_url if on_redis else "memory://")
+                    if BASELINE is None:
+                        self.spawn_bare(a)
+                    else:
+                        a.label = f"a {BASELINE.name}"
+                        self.spawn_bouncer(a, baseline_store(store), BASELINE)
+                    self.spawn_bouncer(b, store)
                     if on_redis and private:
                         b.redis = aioredis.from_url(redis_url)
+                        if BASELINE is not None:
+                            a.redis = aioredis.from_url(redis_url)
                     await asyncio.gather(a.ready(), b.ready())
                     where = "private redis-server" if private else redis_url
                     self.header(f"Redis {version} ({where})" if on_redis else "memory://",
                                 store_kind)  # fmt: skip
+                    say_baseline()
                     last = await compare(a, b, "; no redis: a shared server's" if shared else "")
                     for c in (a, b):
                         for line in self.notes(c):
@@ -662,6 +702,7 @@ class Bench(abc.ABC, Generic[C]):
         finally:
             if shared:
                 await delete_matching(redis_url, self.keys)
+                await delete_matching(baseline_store(redis_url), self.keys)
 
     def main(self) -> int:
         return bench_main(self.name, on_each_store(self.measure))

@@ -71,15 +71,18 @@ from pathlib import Path
 import discord
 import redis.asyncio as aioredis
 from _e2e import (
+    BASELINE,
     MESSAGES,
     ROUNDS,
     WINDOW,
     Contestant,
     Replies,
+    baseline_store,
     bench_main,
     compare,
     drive,
     on_each_store,
+    say_baseline,
     started,
 )
 from _redis import ROOT, delete_matching, redis_version
@@ -216,18 +219,26 @@ async def measure(url: str, private: bool, store_kind: str = "redis") -> str:
     bare = DiscordContestant("a bare", workdir, channel_ids)
     bb = DiscordContestant("b botbouncer", workdir, channel_ids)
     on_redis = store_kind == "redis"
+    store = url if on_redis else "memory://"
     if on_redis:  # its CPU counts, a shared server's too (other clients included)
         bb.redis = aioredis.from_url(url)
+        if BASELINE is not None:
+            bare.redis = aioredis.from_url(url)
     ok = False
     try:
         async with started(bare, bb):
-            bare.spawn([sys.executable, str(HERE / "_bare_discord.py"), bare.fake.api_base,
-                        bare.fake.gateway_url, TOKEN])  # fmt: skip
-            bb.spawn_daemon("discord", TOKEN, url if on_redis else "memory://")
+            if BASELINE is None:
+                bare.spawn([sys.executable, str(HERE / "_bare_discord.py"), bare.fake.api_base,
+                            bare.fake.gateway_url, TOKEN])  # fmt: skip
+            else:
+                bare.label = f"a {BASELINE.name}"
+                bare.spawn_daemon("discord", TOKEN, baseline_store(store), BASELINE)
+            bb.spawn_daemon("discord", TOKEN, store)
             where = "a private redis-server" if private else f"REDIS_URL {url} (keys deleted after)"
             print(f"fake Discord in this process, one per contestant; {CHANNELS} channels, "
                   f"{HUMANS} humans; every message mentions the bot")  # fmt: skip
-            print(f"a: bench/_bare_discord.py (discord.py {discord.__version__} Client, echo)")
+            if BASELINE is None:
+                print(f"a: bench/_bare_discord.py (discord.py {discord.__version__} Client, echo)")
             on = f"Redis {await redis_version(url)} on {where}" if on_redis else "memory://"
             print(f"b: python -m gateway run (discord.py {discord.__version__}, echo backend, "
                   f"{on}, INFO log to a file)")  # fmt: skip
@@ -236,6 +247,7 @@ async def measure(url: str, private: bool, store_kind: str = "redis") -> str:
                 f"warm-up; Python {platform.python_version()}, {os.cpu_count()} CPUs",
                 flush=True,
             )
+            say_baseline()
             await bare.ready()
             await bb.ready()
             print()
@@ -247,7 +259,8 @@ async def measure(url: str, private: bool, store_kind: str = "redis") -> str:
             return last
     finally:
         if on_redis and not private:
-            await delete_matching(url, *(f"bb:{{discord:{c}}}:*" for c in channel_ids))
+            for db in (url, baseline_store(url)):
+                await delete_matching(db, *(f"bb:{{discord:{c}}}:*" for c in channel_ids))
         if ok:
             shutil.rmtree(workdir, ignore_errors=True)
         else:

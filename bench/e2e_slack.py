@@ -67,6 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for `tests`
 import slack_bolt.version
 import slack_sdk.version
 from _e2e import MESSAGES, ROUNDS, WINDOW, Bench, Contestant, Replies
+from _redis import ROOT
 
 from tests.fakes.slack import FakeApp, FakeSlack, Json
 
@@ -148,10 +149,13 @@ class SlackBench(Bench[SlackContestant]):
     def contestants(self, logs: Path) -> tuple[SlackContestant, SlackContestant]:
         return SlackContestant("a bare Bolt", logs), SlackContestant("b botbouncer", logs)
 
-    def spawn(self, a: SlackContestant, b: SlackContestant, store_url: str) -> None:
+    def spawn_bare(self, a: SlackContestant) -> None:
         a.spawn([sys.executable, str(HERE / "_bare_slack.py"), a.app.bot_token,
                  a.app.app_token, a.fake.api_base, BARE])  # fmt: skip
-        b.spawn_daemon("slack", b.app.bot_token, store_url, slack={"app_token": b.app.app_token})
+
+    def spawn_bouncer(self, c: SlackContestant, store_url: str, checkout: Path = ROOT) -> None:
+        c.spawn_daemon("slack", c.app.bot_token, store_url, checkout,
+                       slack={"app_token": c.app.app_token})  # fmt: skip
 
     def header(self, on: str, store_kind: str) -> None:
         print(f"slack_bolt {slack_bolt.version.__version__}, slack_sdk "

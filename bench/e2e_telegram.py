@@ -55,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for `tests`
 
 import telegram
 from _e2e import MESSAGES, ROUNDS, WINDOW, Bench, Contestant, Replies
+from _redis import ROOT
 
 from adapters.telegram import CONCURRENT_UPDATES
 from tests.fakes.telegram import FakeBot, FakeTelegram, Json
@@ -128,12 +129,14 @@ class TelegramBench(Bench[TelegramContestant]):
         return (TelegramContestant("a bare PTB", "8800:bare-bench", logs),
                 TelegramContestant("b botbouncer", "8800:bouncer-bench", logs))  # fmt: skip
 
-    def spawn(self, a: TelegramContestant, b: TelegramContestant, store_url: str) -> None:
+    def spawn_bare(self, a: TelegramContestant) -> None:
         a.spawn([sys.executable, str(HERE / "_bare_telegram.py"), a.token, a.fake.api_base,
                  str(BARE_CONCURRENCY)])  # fmt: skip
+
+    def spawn_bouncer(self, c: TelegramContestant, store_url: str, checkout: Path = ROOT) -> None:
         # PTB's send-rate limits lifted: the fake has no flood limits
         limits = {"overall_per_second": 0, "group_per_minute": 0}
-        b.spawn_daemon("telegram", b.token, store_url, telegram={"rate_limit": limits})
+        c.spawn_daemon("telegram", c.token, store_url, checkout, telegram={"rate_limit": limits})
 
     def header(self, on: str, store_kind: str) -> None:
         print(f"python-telegram-bot {telegram.__version__}, botbouncer on {on}; "

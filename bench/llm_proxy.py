@@ -56,6 +56,10 @@ BENCH_FLOORS=1 adds two contestants to every round, in turn with a and b:
 Python proxy pays), and `unguarded`, b's daemon with its guard's calls made
 free (`llm_proxy.py unguarded ...`, on memory://: the hop plus the proxy's
 own reading and relaying); each is reported over a, beside b.
+BENCH_BASELINE=<dir> adds `baseline` the same way: b's daemon on memory://
+run from another checkout of botbouncer (its own bench/llm_proxy.py, which
+must take the same roles), to judge a change side by side with the code
+before it.
 Targets (b/a, medians of the rounds): whole p50 and p99 <= 1.10, streamed
 TTFB p50 <= 1.05. Exit 0 when measured, whether PASS or MISS; 2 when it could
 not measure. Last line: `p50_ratio=<x> p99_ratio=<x> ttfb_ratio=<x>` for
@@ -97,6 +101,8 @@ MODEL_MS = float(os.environ.get("LLM_MODEL_MS", "20"))
 CHUNKS = int(os.environ.get("LLM_CHUNKS", "4"))  # parts of a round, alternating a and b
 CLIENT = os.environ.get("LLM_CLIENT", "aiohttp")  # or sdk
 FLOORS = os.environ.get("BENCH_FLOORS", "0") not in ("", "0")
+# A checkout of botbouncer whose daemon runs in every round as `baseline` (on memory://)
+BASELINE = Path(os.environ["BENCH_BASELINE"]).resolve() if os.getenv("BENCH_BASELINE") else None
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14")
 P50_TARGET = 1.10  # whole answers, b/a, at most
 P99_TARGET = 1.10
@@ -612,10 +618,16 @@ async def measure_store(
 
 
 async def start_daemon(
-    role: str, url: str, upstream_root: str, workdir: Path, logs: list[Path], prefix: str
+    role: str,
+    url: str,
+    upstream_root: str,
+    workdir: Path,
+    logs: list[Path],
+    prefix: str,
+    checkout: Path = ROOT,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """This file's `role` (daemon, unguarded) on the store at `url`, healthy:
-    its process and root URL."""
+    its process and root URL (`checkout`: that copy of this file, in its repo)."""
     from tests.redis_server import free_port
 
     port = free_port()
@@ -627,7 +639,7 @@ async def start_daemon(
     config.write_text(json.dumps(doc), encoding="utf-8")
     log = workdir / f"{name}.log"
     logs.append(log)
-    proc = spawn([role, str(config), prefix], log)
+    proc = spawn([role, str(config), prefix], log, checkout=checkout)
     daemon = f"http://127.0.0.1:{port}"
     try:
         await wait_healthy(daemon, proc, f"the {role} on {url}")
@@ -663,11 +675,14 @@ async def metrics(daemon: str) -> dict[str, float]:
     return out
 
 
-def spawn(args: list[str], log: Path, stdout: int | None = None) -> subprocess.Popen[bytes]:
-    """This file in a process of its own, in one of its roles; stderr (and
-    stdout, unless piped) to `log`."""
+def spawn(
+    args: list[str], log: Path, stdout: int | None = None, checkout: Path = ROOT
+) -> subprocess.Popen[bytes]:
+    """This file (the copy in `checkout`) in a process of its own, in one of
+    its roles; stderr (and stdout, unless piped) to `log`."""
+    script = str(checkout / "bench" / "llm_proxy.py")
     with log.open("wb") as sink:
-        return subprocess.Popen([sys.executable, __file__, *args], cwd=ROOT,
+        return subprocess.Popen([sys.executable, script, *args], cwd=checkout,
                                 stdout=sink if stdout is None else stdout, stderr=sink)  # fmt: skip
 
 
@@ -691,15 +706,24 @@ async def start_printing(
 
 async def start_floors(upstream_root: str, workdir: Path, logs: list[Path]) -> list[Floor]:
     """BENCH_FLOORS: `relay` (a bare aiohttp reverse proxy) and `unguarded`
-    (b's daemon with its guard's calls made free, on memory://)."""
+    (b's daemon with its guard's calls made free, on memory://);
+    BENCH_BASELINE: `baseline` (b's daemon from that checkout, on memory://)."""
     floors: list[Floor] = []
     try:
-        proc, root = await start_printing(["relay", upstream_root], "the relay", workdir, logs)
-        floors.append(Floor("relay", f"{root}/v1", proc))
-        prefix = f"bench-llm-proxy-{os.getpid()}-unguarded"
-        proc, daemon = await start_daemon("unguarded", "memory://", upstream_root, workdir,
-                                          logs, prefix)  # fmt: skip
-        floors.append(Floor("unguarded", f"{daemon}/llm/openai/v1", proc))
+        if FLOORS:
+            proc, root = await start_printing(["relay", upstream_root], "the relay", workdir,
+                                              logs)  # fmt: skip
+            floors.append(Floor("relay", f"{root}/v1", proc))
+            prefix = f"bench-llm-proxy-{os.getpid()}-unguarded"
+            proc, daemon = await start_daemon("unguarded", "memory://", upstream_root, workdir,
+                                              logs, prefix)  # fmt: skip
+            floors.append(Floor("unguarded", f"{daemon}/llm/openai/v1", proc))
+        if BASELINE is not None:
+            print(f"baseline: the daemon from {BASELINE} (BENCH_BASELINE), on memory://")
+            prefix = f"bench-llm-proxy-{os.getpid()}-baseline"
+            proc, daemon = await start_daemon("daemon", "memory://", upstream_root, workdir,
+                                              logs, prefix, BASELINE)  # fmt: skip
+            floors.append(Floor("baseline", f"{daemon}/llm/openai/v1", proc))
     except BaseException:
         stop([f.proc for f in floors], "floors")
         raise
@@ -717,7 +741,7 @@ async def measure() -> str:
         results = {}
         floors: list[Floor] = []
         try:
-            if FLOORS:
+            if FLOORS or BASELINE is not None:
                 floors = await start_floors(root, workdir, logs)
             for store in STORES:
                 print(f"== b's store: {store} ==", flush=True)
@@ -795,7 +819,7 @@ def said_over_a(
         xs = [r[k] for r in added]
         return f"{statistics.median(xs):+.1f} [{min(xs):+.1f}..{max(xs):+.1f}]"
 
-    floor = "" if who == "b" else f" (floor {who})"
+    floor = {"b": "", "baseline": " (baseline)"}.get(who, f" (floor {who})")
     print(f"{where}{floor}: {who}/a whole p50 {said('p50')}, p99 {said('p99')}; "
           f"TTFB p50 {said('ttfb')}, p99 {said('ttfb_p99')}; "
           f"stream p50 {said('stream')}, p99 {said('stream_p99')}")  # fmt: skip

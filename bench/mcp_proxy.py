@@ -43,9 +43,14 @@ and with only the steps answered so, the results checked as usual
 (`results`); and a control: the direct server started a second time
 (`again`), which measures about 1.0 when the rounds are fair.
 
+BENCH_BASELINE=<dir> adds `baseline`: the proxy (and the server) run from
+another checkout of botbouncer, on memory, in the same rounds as `memory`,
+to judge a change side by side with the code before it.
+
 Knobs: BENCH_ROUNDS (5), BENCH_CALLS (500 per contestant per round),
 BENCH_CHUNK (50), BENCH_WARMUP (200), BENCH_STORES (memory,redis),
-BENCH_FLOORS (0), REDIS_URL (when no redis-server binary can be started).
+BENCH_FLOORS (0), BENCH_BASELINE (none), REDIS_URL (when no redis-server
+binary can be started).
 Last line: `p50_ratio=<x> p99_ratio=<x> redis_p50_ratio=<x> redis_p99_ratio=<x>`
 (memory's, then Redis's). Exit 0 when it measured (PASS or MISS), 2 when it
 could not.
@@ -85,6 +90,8 @@ CHUNK = int(os.environ.get("BENCH_CHUNK", "50"))
 WARMUP = int(os.environ.get("BENCH_WARMUP", "200"))
 STORES = [s for s in os.environ.get("BENCH_STORES", "memory,redis").split(",") if s]
 FLOORS = os.environ.get("BENCH_FLOORS", "0") not in ("", "0")
+# A checkout of botbouncer whose proxy runs beside memory as `baseline`
+BASELINE = Path(os.environ["BENCH_BASELINE"]).resolve() if os.getenv("BENCH_BASELINE") else None
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/14"
 TARGET = 1.2  # p50 memory/direct, at most
 FAIR = 0.05  # how far the control (the direct server again) may land from 1.0
@@ -299,10 +306,12 @@ async def blocked_after(c: Contestant, limit: int = 6) -> int | None:
 # --- setup and report -------------------------------------------------------
 
 
-def proxied(name: str, config: Path) -> Contestant:
+def proxied(name: str, config: Path, checkout: Path = ROOT) -> Contestant:
+    """`botbouncer mcp-proxy` in front of the server, both run from `checkout`
+    (`-m`: its own packages first on sys.path)."""
     marker = f"bench-mcp-{name}-{uuid.uuid4().hex[:12]}"  # also its guard session
     args = [*PROXY[1:], "-c", str(config), "--session", marker, "--", *SERVER]
-    params = StdioServerParameters(command=PROXY[0], args=args, cwd=ROOT)
+    params = StdioServerParameters(command=PROXY[0], args=args, cwd=checkout)
     return Contestant(name, params, marker, guarded=True)
 
 
@@ -454,6 +463,9 @@ async def measure() -> str:
             contestants += [floor("noguard", config), floor("results", config)]
         if "memory" in STORES:
             contestants.append(proxied("memory", config))
+        if BASELINE is not None:
+            print(f"baseline: botbouncer mcp-proxy from {BASELINE} (BENCH_BASELINE), on memory")
+            contestants.append(proxied("baseline", config, BASELINE))
         if "redis" in STORES:
             url, server, what = redis_url()
             print(f"redis: {what}")

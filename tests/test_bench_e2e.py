@@ -67,3 +67,13 @@ def test_the_bound_is_the_cores_over_b_s_cpu_a_message_against_a_s_rate(
     # without CPU figures (a platform where /proc is not there) nothing is said
     e2e.say_ceiling([e2e.Run("a", 10, 1.0, [0.1] * 10)], [e2e.Run("b", 10, 1.0, [0.1] * 10)])
     assert capsys.readouterr().out == ""
+
+
+def test_the_baseline_daemon_gets_the_next_database_of_the_same_redis() -> None:
+    e2e = bench_module()
+    assert e2e.baseline_store("redis://127.0.0.1:6379/14") == "redis://127.0.0.1:6379/15"
+    assert e2e.baseline_store("redis://127.0.0.1:6379/15") == "redis://127.0.0.1:6379/0"
+    assert e2e.baseline_store("redis://127.0.0.1:7000") == "redis://127.0.0.1:7000/1"
+    assert (e2e.baseline_store("rediss://u:p@h:1/3?socket_timeout=2")
+            == "rediss://u:p@h:1/4?socket_timeout=2")  # fmt: skip
+    assert e2e.baseline_store("memory://") == "memory://"
