@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -150,3 +151,31 @@ def test_the_hashes_are_those_sessions_already_hold() -> None:
         normalize.digest('{"lines":["001: took ~","pid=~"],"ok":true}'),
         normalize.digest('{"lines":["#: took ~","pid=~"],"ok":true}'),
     )
+
+
+def test_volatile_text_is_masked_in_a_value_s_first_mask_chars_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The proxies take results of many megabytes; masking all of one held the
+    # daemon's event loop for about a second a 10 MB result. Past MASK_CHARS a
+    # value is compared as it is: a difference there is a difference.
+    monkeypatch.setattr(normalize, "MASK_CHARS", 64)
+    filler = "x" * 100
+    first = f"took 12ms {filler} took 5ms"
+    assert normalize.result_hash(first) == normalize.result_hash(f"took 99ms {filler} took 5ms")
+    assert normalize.result_hash(first) != normalize.result_hash(f"took 12ms {filler} took 6ms")
+    assert normalize.volatile_text(first, frozenset()) == f"took ~ {filler} took 5ms"
+    # One budget for every string of a value, however it is split up
+    masked = normalize.steady(["took 1ms"] * 20)
+    assert sum(s == "took ~" for s in masked) == 8  # 64 characters, 8 each
+    assert sum(s == "took 1ms" for s in masked) == 12
+    # A shape masks the numbers of the same first characters only
+    assert normalize.shape(f"error 3 {filler} at 9") == normalize.shape(f"error 4 {filler} at 9")
+    assert normalize.shape(f"error 3 {filler} at 9") != normalize.shape(f"error 3 {filler} at 8")
+
+
+def test_a_long_value_s_words_are_its_distinct_words() -> None:
+    text = "Alpha beta ALPHA gamma_1 " * 10_000
+    assert normalize.words({"a": text, "b": ["Beta", 3, True]}) == {
+        "alpha", "beta", "gamma_1", "3", "true"
+    }  # fmt: skip

@@ -23,6 +23,14 @@ from typing import Any
 # Python's recursion limit (about 1,000 frames).
 MAX_JSON_DEPTH = 64
 MAX_TOKENS = 64  # per call: the default of a profile's session.max_tokens
+# Characters of one value (a result's output, a call's arguments) whose
+# volatile text is masked and whose numbers a shape masks; the rest is
+# compared as it is. Masking costs 30-90 ms a megabyte of CPU, and the proxies
+# take results of many megabytes (a file read whole), which would hold the
+# daemon's event loop for seconds; a text this long would not fit a model's
+# context anyway. Past it, a difference only in volatile text is a
+# difference: fewer repeats seen, never one more.
+MASK_CHARS = 1 << 20
 TOKEN_WIDTH = 4  # characters per token in tokens(): 24 bits, base64
 _WORD = re.compile(r"\w+", re.UNICODE)
 # Words that say nothing about what a question is about (for the KB topic).
@@ -225,9 +233,14 @@ def _any_key(keys: frozenset[str]) -> re.Pattern[str] | None:
     return re.compile("|".join(re.escape(k) for k in sorted(keys, key=len, reverse=True)))
 
 
-def volatile_text(text: str, keys: frozenset[str]) -> str:
+def volatile_text(text: str, keys: frozenset[str], limit: int | None = None) -> str:
     """`text` with its clock times, durations and UUIDs masked, and the value
-    of every `key=value` / `key: value` whose key is volatile."""
+    of every `key=value` / `key: value` whose key is volatile; only in its
+    first `limit` (MASK_CHARS) characters, the rest as it is."""
+    if limit is None:
+        limit = MASK_CHARS
+    if len(text) > limit:
+        return volatile_text(text[:limit], keys, limit) + text[limit:]
     text = _VOLATILE_TEXT.sub("~", text)
     # Scans in C before the regex's and its call per pair: a pair's key, as
     # _key makes it, is part of the whole text made so (_key maps character
@@ -246,8 +259,18 @@ _KEY_VALUE = re.compile(r"(\b([A-Za-z][\w-]*)\s*[=:]\s*)[^\s,;]+")
 def steady(output: Any, volatile_keys: tuple[str, ...] = VOLATILE_KEYS) -> Any:
     """`output` without what changes on every run of the same call: volatile
     keys dropped from objects at any depth (also from a string holding a JSON
-    object or array), and volatile text masked. Iterative, like words()."""
+    object or array), and volatile text masked in its strings' first
+    MASK_CHARS characters, all strings counted. Iterative, like words()."""
     keys = _keys(volatile_keys)
+    budget = MASK_CHARS  # characters still to mask, over every string of it
+
+    def masked(text: str) -> str:
+        nonlocal budget
+        if budget <= 0:
+            return text
+        done = volatile_text(text, keys, budget)
+        budget -= len(text)
+        return done
 
     def clean_text(text: str) -> Any:
         stripped = text.strip()
@@ -258,7 +281,7 @@ def steady(output: Any, volatile_keys: tuple[str, ...] = VOLATILE_KEYS) -> Any:
                 parsed = None
             if isinstance(parsed, dict | list) and not depth_over(parsed):
                 return steady(parsed, volatile_keys)
-        return volatile_text(text, keys)
+        return masked(text)
 
     if isinstance(output, str):
         return clean_text(output)
@@ -281,7 +304,7 @@ def steady(output: Any, volatile_keys: tuple[str, ...] = VOLATILE_KEYS) -> Any:
                 stack.append((v, items, i))
             parent[slot] = items
         elif isinstance(item, str):
-            parent[slot] = volatile_text(item, keys)
+            parent[slot] = masked(item)
         else:
             parent[slot] = item
     return root[0]
@@ -299,6 +322,8 @@ def shape(value: Any) -> str:
 
 
 def _shape_of(text: str) -> str:
+    if len(text) > MASK_CHARS:  # numbers past it are part of the shape
+        return digest(_DIGITS.sub("#", text[:MASK_CHARS]) + text[MASK_CHARS:])
     return digest(_DIGITS.sub("#", text))
 
 
@@ -340,7 +365,8 @@ def words(value: Any) -> set[str]:
     while stack:
         item = stack.pop()
         if isinstance(item, str):
-            out.update(w.lower() for w in _WORD.findall(item))
+            # each distinct word lowered once: a long text repeats its words
+            out.update(w.lower() for w in set(_WORD.findall(item)))
         elif isinstance(item, dict):
             stack.extend(item.values())
         elif isinstance(item, list):
