@@ -26,6 +26,10 @@ how message i is said. `Bench` is the measurement of e2e_slack.py and
 e2e_telegram.py around two contestants (e2e_discord.py has its own: it keeps
 the logs of a failed invocation and counts a shared Redis's CPU).
 
+E2E_BASELINE names a checkout of botbouncer whose daemon is then contestant
+a instead of the bare bot (`baseline_store`), to judge a change to the
+daemon side by side with the code before it.
+
 The two contestants run alternately, ROUNDS times each after one warm-up
 run each that is not counted, so a machine that slows down or speeds up
 during the invocation touches both alike. A round is an a run and the b run
@@ -580,8 +584,8 @@ class Contestant(abc.ABC, Generic[F]):
 
 def say_baseline() -> None:
     if BASELINE is not None:
-        print(f"a is not the bare bot: botbouncer's daemon from {BASELINE} (E2E_BASELINE), "
-              "on the next Redis database; b/a compares two versions, and the targets, "
+        print(f"a is not the bare bot: botbouncer's daemon from {BASELINE} (E2E_BASELINE; "
+              "on Redis, its next database); b/a compares two versions, and the targets, "
               "set against the bare bot, say nothing here")  # fmt: skip
 
 
