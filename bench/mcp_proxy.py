@@ -43,13 +43,17 @@ and with only the steps answered so, the results checked as usual
 (`results`); and a control: the direct server started a second time
 (`again`), which measures about 1.0 when the rounds are fair.
 
+BENCH_TOOL_MS=<ms> calls `work` instead of `echo`: the same answer after
+that many milliseconds, a tool that takes time as real ones do (the target
+is for the trivial tool).
+
 BENCH_BASELINE=<dir> adds `baseline`: the proxy (and the server) run from
 another checkout of botbouncer, on memory, in the same rounds as `memory`,
 to judge a change side by side with the code before it.
 
 Knobs: BENCH_ROUNDS (5), BENCH_CALLS (500 per contestant per round),
 BENCH_CHUNK (50), BENCH_WARMUP (200), BENCH_STORES (memory,redis),
-BENCH_FLOORS (0), BENCH_BASELINE (none), REDIS_URL (when no redis-server
+BENCH_FLOORS (0), BENCH_TOOL_MS (0), BENCH_BASELINE (none), REDIS_URL (when no redis-server
 binary can be started).
 Last line: `p50_ratio=<x> p99_ratio=<x> redis_p50_ratio=<x> redis_p99_ratio=<x>`
 (memory's, then Redis's). Exit 0 when it measured (PASS or MISS), 2 when it
@@ -90,6 +94,8 @@ CHUNK = int(os.environ.get("BENCH_CHUNK", "50"))
 WARMUP = int(os.environ.get("BENCH_WARMUP", "200"))
 STORES = [s for s in os.environ.get("BENCH_STORES", "memory,redis").split(",") if s]
 FLOORS = os.environ.get("BENCH_FLOORS", "0") not in ("", "0")
+# 0: the trivial `echo`; else `work`, which answers after this many milliseconds
+TOOL_MS = float(os.environ.get("BENCH_TOOL_MS", "0"))
 # A checkout of botbouncer whose proxy runs beside memory as `baseline`
 BASELINE = Path(os.environ["BENCH_BASELINE"]).resolve() if os.getenv("BENCH_BASELINE") else None
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/14"
@@ -245,11 +251,14 @@ async def call(c: Contestant) -> float:
     text = f"{c.name}-{c.sent}"
     c.sent += 1
     started = time.perf_counter()
-    result = await c.client.call_tool("echo", {"text": text})
+    if TOOL_MS:
+        result = await c.client.call_tool("work", {"text": text, "ms": TOOL_MS})
+    else:
+        result = await c.client.call_tool("echo", {"text": text})
     took = time.perf_counter() - started
     if result.is_error or texts(result) != [text]:
         raise Unmeasurable(
-            f"{c.name}: echo({text!r}) answered {texts(result)!r} "
+            f"{c.name}: {'work' if TOOL_MS else 'echo'}({text!r}) answered {texts(result)!r} "
             f"(isError {result.is_error}): the guard stepped in"
         )
     return took
@@ -420,8 +429,10 @@ async def run(contestants: list[Contestant], redis_pid: int | None) -> str:
         for c in contestants:
             for _ in range(WARMUP):
                 await call(c)
+        tool = f"work(ms={TOOL_MS:g})" if TOOL_MS else "echo"
         print(
-            f"{len(contestants)} sessions initialised, {WARMUP} warm-up calls each; "
+            f"{len(contestants)} sessions initialised, calling {tool}, "
+            f"{WARMUP} warm-up calls each; "
             f"{ROUNDS} rounds of {CALLS} calls each, in alternating chunks of {CHUNK}\n"
             "p50/p99 µs per call, then the ratios to direct"
         )

@@ -977,7 +977,7 @@ async def test_streamable_http_blocks_relays_progress_and_lists_the_same_tools(
     assert texts(job) == ["done"]
     assert progress == [(i, 3, f"step {i}") for i in range(1, 4)]
     assert answered - arrived[0] > PAUSE  # event by event, not the stream at its end
-    assert behind == alone and len(alone["tools"]) == 6
+    assert behind == alone and len(alone["tools"]) == 7
     assert not fresh.is_error and count(counter) == 4
 
 

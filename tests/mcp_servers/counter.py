@@ -6,7 +6,8 @@ it: how often the server was really called); `calls_made` reads the count;
 `slow_job` reports progress and log messages as it goes (pausing between
 steps if asked: what a relay holds back then shows); `wait` sleeps (a
 call to cancel: its cancellation is written to $CANCELLED_FILE); `fail`
-always fails (isError); `echo` answers its text (the benchmark's trivial tool)."""
+always fails (isError); `echo` answers its text (the benchmark's trivial tool),
+`work` the same after a pause (its tool that takes time)."""
 
 from __future__ import annotations
 
@@ -76,6 +77,13 @@ def fail(reason: str) -> str:
 @server.tool()
 def echo(text: str) -> str:
     """Answer the text as it came (bench/mcp_proxy.py: a tool that does nothing)."""
+    return text
+
+
+@server.tool()
+async def work(text: str, ms: float) -> str:
+    """Answer the text after `ms` milliseconds (bench/mcp_proxy.py: a tool that takes time)."""
+    await anyio.sleep(ms / 1000)
     return text
 
 
