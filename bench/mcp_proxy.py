@@ -53,8 +53,8 @@ to judge a change side by side with the code before it.
 
 Knobs: BENCH_ROUNDS (5), BENCH_CALLS (500 per contestant per round),
 BENCH_CHUNK (50), BENCH_WARMUP (200), BENCH_STORES (memory,redis),
-BENCH_FLOORS (0), BENCH_TOOL_MS (0), BENCH_BASELINE (none), REDIS_URL (when no redis-server
-binary can be started).
+BENCH_FLOORS (0), BENCH_TOOL_MS (0), BENCH_BASELINE (none), REDIS_URL (when
+no redis-server binary can be started).
 Last line: `p50_ratio=<x> p99_ratio=<x> redis_p50_ratio=<x> redis_p99_ratio=<x>`
 (memory's, then Redis's). Exit 0 when it measured (PASS or MISS), 2 when it
 could not.

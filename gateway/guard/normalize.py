@@ -25,11 +25,11 @@ MAX_JSON_DEPTH = 64
 MAX_TOKENS = 64  # per call: the default of a profile's session.max_tokens
 # Characters of one value (a result's output, a call's arguments) whose
 # volatile text is masked and whose numbers a shape masks; the rest is
-# compared as it is. Masking took up to 90 ms of CPU a megabyte here, and the proxies
-# take results of many megabytes (a file read whole), which would hold the
-# daemon's event loop for seconds; a text this long would not fit a model's
-# context anyway. Past it, a difference only in volatile text is a
-# difference: fewer repeats seen, never one more.
+# compared as it is. Masking took up to 90 ms of CPU a megabyte here, and
+# the proxies take results of many megabytes (a file read whole), which
+# would hold the daemon's event loop for seconds; a text this long would not
+# fit a model's context anyway. Past it, a difference only in volatile text
+# is a difference: fewer repeats seen, never one more.
 MASK_CHARS = 1 << 20
 TOKEN_WIDTH = 4  # characters per token in tokens(): 24 bits, base64
 _WORD = re.compile(r"\w+", re.UNICODE)
