@@ -422,12 +422,15 @@ async def test_an_answer_no_warning_waits_for_is_relayed_before_it_is_read() -> 
             request = parse(call_line(rid, "tide tables"))
             assert request is not None and await calls.from_client(request) is None
             assert at_once(calls.from_server_raw(answer_line(rid, "no results"))) is None
-            assert rid in calls.pending  # relayed unread: read after
+            assert (None, rid) in calls.pending  # relayed unread: read after
             # The next step waits for the record: judged on every result before it.
         third = parse(call_line(4, "tide tables"))
         assert third is not None and await calls.from_client(third) is None
-        assert not calls.recording and list(calls.pending) == [4]
-        assert calls.pending[4].step is not None and calls.pending[4].step.decision == "warn"
+        assert not calls.recording and list(calls.pending) == [(None, 4)]
+        assert (
+            calls.pending[None, 4].step is not None
+            and calls.pending[None, 4].step.decision == "warn"
+        )
         # An answer a warning waits for is read first and relayed with it.
         warned = await calls.from_server_raw(answer_line(4, "no results"))
         assert warned is not None

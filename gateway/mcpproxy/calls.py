@@ -28,23 +28,56 @@ import mcp_types as mcp
 from pydantic import ValidationError
 
 from gateway.errors import BotbouncerError
-from gateway.guard.normalize import loads
 from gateway.guard.service import Answer, Guard
 
 log = logging.getLogger("botbouncer.mcp_proxy")
 NOTE = "botbouncer (loop guard): "
-RequestId = int | str
+RequestId = int | str | float  # float: an id such as 1.0, which a server may take (_odd_id)
+# Where an id is the client's: one stdio connection (None), one MCP session or
+# one HTTP exchange (gateway/mcpproxy/http.py); two clients both number their
+# requests from 0.
+Scope = str | None
 
 
 def parse(raw: bytes | str) -> mcp.JSONRPCMessage | None:
+    """A line's message, read with the SDK's types; when they refuse it, as
+    a server that reads more leniently would (_lenient); None when neither
+    can read it."""
     try:
-        return mcp.jsonrpc_message_adapter.validate_json(raw)
+        message = mcp.jsonrpc_message_adapter.validate_json(raw)
     except ValidationError:
+        return _lenient(raw)
+    if isinstance(message, mcp.JSONRPCNotification) and message.method == "tools/call":
+        return _lenient(raw)  # an id the SDK's types drop (1.0) makes it no call for them
+    return message
+
+
+def _lenient(raw: bytes | str) -> mcp.JSONRPCMessage | None:
+    """A message as servers that take more than the SDK's types read it: bytes
+    that are not UTF-8 decoded with replacement characters (as the SDK's own
+    stdio server decodes its input), lone surrogate escapes (`"\\ud83d"`, a
+    string cut mid-emoji) kept as json.loads keeps them. A tool call the
+    server runs is a step, whatever the proxy's own types make of it."""
+    try:
+        item = json.loads(raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw)
+    except (ValueError, RecursionError):
         return None
+    return _message(item)
 
 
 def dump(message: mcp.JSONRPCMessage) -> bytes:
-    return message.model_dump_json(by_alias=True, exclude_none=True).encode()
+    """A message made here (a block's answer, a result with a warning added),
+    compact; the id as the client gave it (_call)."""
+    return compact(message.model_dump(by_alias=True, exclude_none=True, warnings=False))
+
+
+def compact(value: Any) -> bytes:
+    """JSON as the SDKs write it (compact, UTF-8); with a lone surrogate in
+    a string, which UTF-8 cannot hold, as an ASCII escape."""
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:
+        return json.dumps(value, separators=(",", ":")).encode()
 
 
 def is_batch(raw: bytes) -> bool:
@@ -57,20 +90,56 @@ def dump_batch(messages: list[mcp.JSONRPCMessage]) -> bytes:
 
 
 def _items(raw: bytes) -> list[Any] | None:
-    """A batch's messages, or None when it is not one we can read (nested
-    deeper than the guard takes, among others)."""
+    """A batch's messages, or None when it is not one json can read. A
+    message nested deeper than the guard takes is still read: it is judged
+    on its own, as it would be outside a batch."""
     try:
-        items = loads(raw)
-    except ValueError:
+        items = json.loads(raw.decode("utf-8", "replace"))
+    except (ValueError, RecursionError):
+        log.warning("mcp proxy: a batch of %d bytes that json cannot read passed unread",
+                    len(raw))  # fmt: skip
         return None
     return items if isinstance(items, list) and items else None
 
 
 def _message(item: Any) -> mcp.JSONRPCMessage | None:
     try:
-        return mcp.jsonrpc_message_adapter.validate_python(item)
+        message = mcp.jsonrpc_message_adapter.validate_python(item)
+    except ValidationError:
+        return _odd_id(item)
+    except RecursionError:
+        return None
+    if isinstance(message, mcp.JSONRPCNotification) and message.method == "tools/call":
+        return _odd_id(item)  # the SDK's types drop an id such as 1.0: no call for them
+    return message
+
+
+def _odd_id(item: Any) -> mcp.JSONRPCMessage | None:
+    """A `tools/call`, or an answer to one, whose id the SDK's types refuse
+    but a server may take: a number such as 1.0 (JavaScript's 1). The id is
+    kept as written, so the answer finds its call (1 == 1.0) and a block is
+    answered to it; None for anything else."""
+    if not isinstance(item, dict) or not isinstance(rid := item.get("id"), float):
+        return None
+    message: mcp.JSONRPCMessage
+    try:
+        if item.get("method") == "tools/call":
+            params = item.get("params")
+            message = mcp.JSONRPCRequest.model_construct(
+                jsonrpc="2.0", id=rid, method="tools/call", params=params
+            )
+        elif isinstance(item.get("result"), dict):
+            message = mcp.JSONRPCResponse.model_construct(
+                jsonrpc="2.0", id=rid, result=item["result"]
+            )
+        elif "error" in item:
+            error = mcp.ErrorData.model_validate(item["error"])
+            message = mcp.JSONRPCError.model_construct(jsonrpc="2.0", id=rid, error=error)
+        else:
+            return None
     except ValidationError:
         return None
+    return message
 
 
 def _messages(raw: bytes) -> list[mcp.JSONRPCMessage | None]:
@@ -114,17 +183,22 @@ class ToolCalls:
         self.session = session
         self.profile = profile
         self.warn_note = warn_note
-        self.pending: dict[RequestId, Pending] = {}
+        self.pending: dict[tuple[Scope, RequestId], Pending] = {}
         self.recording: set[asyncio.Task[None]] = set()  # results being recorded
         self.note: str | None = None  # a result's warning, for the next result
 
-    async def from_client(self, message: mcp.JSONRPCMessage) -> mcp.JSONRPCMessage | None:
+    async def from_client(
+        self, message: mcp.JSONRPCMessage, scope: Scope = None
+    ) -> mcp.JSONRPCMessage | None:
         """None: forward the message as it came; else the answer to send back
-        to the client instead of forwarding it."""
+        to the client instead of forwarding it. `scope`: whose ids (Scope)."""
         if isinstance(message, mcp.JSONRPCNotification):
             if message.method == "notifications/cancelled" and message.params:
                 # The client gave up on it: an answer that still comes is not its result.
-                self.pending.pop(message.params.get("requestId"), None)  # type: ignore[arg-type]
+                rid = message.params.get("requestId")
+                # Only an id names a call: a list would not even hash, true is 1.
+                if isinstance(rid, int | str | float) and not isinstance(rid, bool):
+                    self.pending.pop((scope, rid), None)
             return None
         if not isinstance(message, mcp.JSONRPCRequest) or message.method != "tools/call":
             return None
@@ -140,22 +214,25 @@ class ToolCalls:
             result = mcp.CallToolResult(
                 content=[mcp.TextContent(type="text", text=NOTE + answer.message)], is_error=True
             )
-            return mcp.JSONRPCResponse(
+            blocked: mcp.JSONRPCMessage = mcp.JSONRPCResponse.model_construct(
                 jsonrpc="2.0",
-                id=message.id,
+                id=message.id,  # as the client wrote it (_call)
                 result=result.model_dump(by_alias=True, exclude_none=True, mode="json"),
             )
-        self.pending[message.id] = Pending(params.name, answer)
+            return blocked
+        self.pending[scope, message.id] = Pending(params.name, answer)
         return None
 
-    async def _from_server(self, message: mcp.JSONRPCMessage) -> mcp.JSONRPCMessage | None:
+    async def _from_server(
+        self, message: mcp.JSONRPCMessage, scope: Scope
+    ) -> mcp.JSONRPCMessage | None:
         """None: forward the message as it came; else the message to send instead.
 
         The result is recorded after this returns (`_track`): the answer
         goes to the client first, and the next call's step waits for the
         record (`settle`). A warning the result raises reaches the model with
         the next successful result."""
-        taken = self._take(message)
+        taken = self._take(message, scope)
         if taken is None:
             return None
         call, body, result = taken
@@ -170,11 +247,12 @@ class ToolCalls:
         assert isinstance(message, mcp.JSONRPCResponse)
         block = {"type": "text", "text": NOTE + note}
         content = [*message.result.get("content", []), block]
-        return mcp.JSONRPCResponse(
+        noted: mcp.JSONRPCMessage = mcp.JSONRPCResponse.model_construct(
             jsonrpc="2.0", id=message.id, result={**message.result, "content": content}
-        )
+        )  # the id as it came (_odd_id)
+        return noted
 
-    async def from_server_raw(self, raw: bytes) -> bytes | None:
+    async def from_server_raw(self, raw: bytes, scope: Scope = None) -> bytes | None:
         """A line (or body) of the server's: None to relay it as it came, else
         the bytes to relay instead.
 
@@ -183,27 +261,27 @@ class ToolCalls:
         task the next step waits for like any other record, so what the
         proxy does with an answer costs the client no time."""
         if not self.warn_note or (self.note is None and not self._warned()):
-            self._track(self._relayed(raw))
+            self._track(self._relayed(raw, scope))
             return None
         if is_batch(raw):
-            return await self._from_server_batch(raw)
+            return await self._from_server_batch(raw, scope)
         message = parse(raw)
-        instead = await self._from_server(message) if message is not None else None
+        instead = await self._from_server(message, scope) if message is not None else None
         return dump(instead) if instead is not None else None
 
     def _warned(self) -> bool:
         """Some call awaiting its answer was warned (its answer gets the warning)."""
         return any(p.step is not None and p.step.decision == "warn" for p in self.pending.values())
 
-    async def _relayed(self, raw: bytes) -> None:
+    async def _relayed(self, raw: bytes, scope: Scope) -> None:
         """Record what an answer relayed unread holds (from_server_raw)."""
         for message in _messages(raw):
-            taken = self._take(message) if message is not None else None
+            taken = self._take(message, scope) if message is not None else None
             if taken is not None:
                 await self._result(taken[1])
 
     def _take(
-        self, message: mcp.JSONRPCMessage
+        self, message: mcp.JSONRPCMessage, scope: Scope
     ) -> tuple[Pending, dict[str, Any], mcp.CallToolResult | None] | None:
         """The call a message answers (no longer pending), the guard result it
         makes and, when it is a CallToolResult, that; None when it answers no
@@ -212,7 +290,7 @@ class ToolCalls:
             return None
         if message.id is None:
             return None
-        call = self.pending.pop(message.id, None)
+        call = self.pending.pop((scope, message.id), None)
         if call is None:
             return None
         if isinstance(message, mcp.JSONRPCError):
@@ -224,7 +302,7 @@ class ToolCalls:
         body = {"tool": call.tool, "ok": not result.is_error, "output": result_text(result)}
         return call, body, result
 
-    async def from_client_batch(self, raw: bytes) -> ClientBatch:
+    async def from_client_batch(self, raw: bytes, scope: Scope = None) -> ClientBatch:
         """A JSON-RPC batch from the client (the protocol's 2025-03-26
         revision has them, and servers on it must take them): every message
         in it is what it would be on its own, in order, so a tools/call in a
@@ -236,17 +314,16 @@ class ToolCalls:
         answers: list[mcp.JSONRPCMessage] = []
         for item in items:
             message = _message(item)
-            answer = await self.from_client(message) if message is not None else None
+            answer = await self.from_client(message, scope) if message is not None else None
             if answer is None:
                 kept.append(item)
             else:
                 answers.append(answer)
         if not answers:
             return ClientBatch(raw, [])
-        rest = json.dumps(kept, ensure_ascii=False, separators=(",", ":")).encode()
-        return ClientBatch(rest if kept else None, answers)
+        return ClientBatch(compact(kept) if kept else None, answers)
 
-    async def _from_server_batch(self, raw: bytes) -> bytes | None:
+    async def _from_server_batch(self, raw: bytes, scope: Scope) -> bytes | None:
         """A JSON-RPC batch from the server: None to forward it as it came,
         else the batch to send instead (each message as _from_server has it)."""
         items = _items(raw)
@@ -256,15 +333,26 @@ class ToolCalls:
         changed = False
         for item in items:
             message = _message(item)
-            instead = await self._from_server(message) if message is not None else None
+            instead = await self._from_server(message, scope) if message is not None else None
             if instead is None:
                 out.append(item)
             else:
-                out.append(instead.model_dump(by_alias=True, exclude_none=True, mode="json"))
+                out.append(instead.model_dump(by_alias=True, exclude_none=True, warnings=False))
                 changed = True
-        return (
-            json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode() if changed else None
-        )
+        return compact(out) if changed else None
+
+    def forget(self, scope: Scope) -> None:
+        """The calls of a scope whose answers can no longer come (an HTTP
+        exchange that ended): no longer pending once the answers it did
+        relay are recorded (they are read after the relay, in tasks)."""
+        relayed = list(self.recording)
+
+        async def forget() -> None:
+            await asyncio.gather(*relayed, return_exceptions=True)  # settle() says how they ended
+            for key in [k for k in self.pending if k[0] == scope]:
+                del self.pending[key]
+
+        self._track(forget())
 
     def _track(self, record: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(record)

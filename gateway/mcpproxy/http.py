@@ -12,6 +12,7 @@ as unless a warning is added to it. A guard session is one MCP session (the
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from collections import OrderedDict
@@ -25,7 +26,7 @@ from multidict import CIMultiDict
 
 from gateway.guard.normalize import loads
 from gateway.llmproxy.wire import HOP_BY_HOP, SseReader, digest
-from gateway.mcpproxy.calls import ToolCalls, dump, dump_batch, is_batch, parse
+from gateway.mcpproxy.calls import ToolCalls, compact, dump, dump_batch, is_batch, parse
 
 log = logging.getLogger("botbouncer.mcp_proxy")
 
@@ -43,6 +44,7 @@ class HttpProxy:
         self._calls_for = calls_for
         self._session = session
         self._calls: OrderedDict[str, ToolCalls] = OrderedDict()
+        self._exchanges = itertools.count()
         self._client: aiohttp.ClientSession | None = None
         self.app = web.Application()
         self.app.router.add_route("*", self.path, self._handle)
@@ -70,19 +72,31 @@ class HttpProxy:
         return calls
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        body = await request.content.read(MAX_BODY + 1)
-        if len(body) > MAX_BODY:
+        body = await _body(request)
+        if body is None:
             return web.json_response({"error": f"body over {MAX_BODY} bytes"}, status=413)
         calls = self.calls(request)
+        # Whose ids: the MCP session's; without one (a stateless server) this
+        # exchange's, whose answers come in its own response.
+        scope = request.headers.get(SESSION_HEADER) or f"exchange-{next(self._exchanges)}"
+        try:
+            return await self._exchange(request, body, calls, scope)
+        finally:
+            if SESSION_HEADER not in request.headers:
+                calls.forget(scope)
+
+    async def _exchange(
+        self, request: web.Request, body: bytes, calls: ToolCalls, scope: str
+    ) -> web.StreamResponse:
         extra: list[mcp.JSONRPCMessage] = []  # answers given here, for the client
         if request.method == "POST" and is_batch(body):
-            batch = await calls.from_client_batch(body)
+            batch = await calls.from_client_batch(body, scope)
             if batch.forward is None:  # every message in it answered here
                 return web.Response(body=dump_batch(batch.answers), content_type="application/json")
             body, extra = batch.forward, batch.answers
         elif request.method == "POST":
             message = parse(body)
-            answer = await calls.from_client(message) if message is not None else None
+            answer = await calls.from_client(message, scope) if message is not None else None
             if answer is not None:
                 return web.Response(body=dump(answer), content_type="application/json")
         if self._client is None:
@@ -99,7 +113,7 @@ class HttpProxy:
             log.warning("mcp proxy: upstream %s unreachable: %s", self.upstream, exc)
             return _jsonrpc_error(body, f"the MCP server {self.upstream} is unreachable")
         try:
-            return await self._relay(request, upstream, calls, extra)
+            return await self._relay(request, upstream, calls, scope, extra)
         finally:
             upstream.release()
 
@@ -108,6 +122,7 @@ class HttpProxy:
         request: web.Request,
         upstream: aiohttp.ClientResponse,
         calls: ToolCalls,
+        scope: str,
         extra: list[mcp.JSONRPCMessage],
     ) -> web.StreamResponse:
         """The server's answer, each message in it as ToolCalls has it, with
@@ -115,7 +130,7 @@ class HttpProxy:
         headers = CIMultiDict((k, v) for k, v in upstream.headers.items() if k.lower() not in _HOP)
         sse = upstream.content_type == "text/event-stream"
         if upstream.content_type == "application/json":  # one message or a batch: read whole
-            body = await _replaced(await upstream.read(), calls)
+            body = await _replaced(await upstream.read(), calls, scope)
             return web.Response(
                 status=upstream.status, reason=upstream.reason, body=_merged(body, extra),
                 headers=headers,
@@ -133,7 +148,7 @@ class HttpProxy:
                     await out.write(chunk)
                     continue
                 for raw, data in reader.feed(chunk):
-                    await out.write(await _event(raw, data, calls))
+                    await out.write(await _event(raw, data, calls, scope))
             if reader is not None:
                 rest = reader.rest()
                 if rest:
@@ -148,10 +163,23 @@ class HttpProxy:
         return out
 
 
-async def _replaced(raw: bytes, calls: ToolCalls) -> bytes:
+async def _body(request: web.Request) -> bytes | None:
+    """The whole request body, however many reads it arrives in; None past MAX_BODY."""
+    if request.content_length is not None and request.content_length > MAX_BODY:
+        return None
+    parts, size = [], 0
+    async for chunk in request.content.iter_chunked(256 * 1024):
+        size += len(chunk)
+        if size > MAX_BODY:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+async def _replaced(raw: bytes, calls: ToolCalls, scope: str) -> bytes:
     """A message (or a batch) of the server's as it came, or as ToolCalls
     would have it instead."""
-    instead = await calls.from_server_raw(raw)
+    instead = await calls.from_server_raw(raw, scope)
     return instead if instead is not None else raw
 
 
@@ -161,20 +189,20 @@ def _merged(body: bytes, extra: list[mcp.JSONRPCMessage]) -> bytes:
     if not extra:
         return body
     try:
-        got = loads(body)
-    except ValueError:
+        got = json.loads(body.decode("utf-8", "replace"))
+    except (ValueError, RecursionError):
         return body
     items = got if isinstance(got, list) else [got]
-    added = [m.model_dump(by_alias=True, exclude_none=True, mode="json") for m in extra]
-    return json.dumps([*items, *added], ensure_ascii=False, separators=(",", ":")).encode()
+    added = [m.model_dump(by_alias=True, exclude_none=True, warnings=False) for m in extra]
+    return compact([*items, *added])
 
 
-async def _event(raw: bytes, data: str | None, calls: ToolCalls) -> bytes:
+async def _event(raw: bytes, data: str | None, calls: ToolCalls, scope: str) -> bytes:
     """One SSE event as it came, or with its message (or batch) replaced."""
     if not data:
         return raw
     encoded = data.encode()
-    replaced = await _replaced(encoded, calls)
+    replaced = await _replaced(encoded, calls, scope)
     if replaced is encoded:
         return raw
     text = raw.decode("utf-8", "replace")

@@ -113,7 +113,8 @@ async def run(
                 return  # the child is gone; its end is told below
         to_child.close()  # the client is done: MCP's shutdown starts here
 
-    async def server_side() -> None:
+    async def server_side() -> bool:
+        """Relays the child's lines; True when it stopped because the client left."""
         while line := await from_child.readline():
             instead = await calls.from_server_raw(line)
             try:
@@ -122,7 +123,8 @@ async def run(
                 # The client closed its end: nothing can reach it any more;
                 # end as if it had closed stdin (the child gets its grace).
                 to_child.close()
-                return
+                return True
+        return False
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -140,6 +142,8 @@ async def run(
             await _await_exit(child, (signal.SIGKILL,))
         elif client in done:
             client.result()
+            await _await_exit(child, (signal.SIGTERM, signal.SIGKILL))
+        elif server.result():  # the client stopped reading: the same end as above
             await _await_exit(child, (signal.SIGTERM, signal.SIGKILL))
         with contextlib.suppress(ConnectionError):
             await server  # the child's last words reach the client
