@@ -4,6 +4,7 @@ at a daemon on Redis in front of a fake upstream (tests/fakes/llm)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import signal
@@ -14,6 +15,7 @@ from typing import Any
 import aiohttp
 import anthropic
 import openai
+import pydantic
 import pytest
 from aiohttp import web
 
@@ -23,6 +25,8 @@ from gateway.store.failover import FailoverStore
 from tests.fakes.llm import Behaviour, Exchange, FakeLLM, answer, hang, repeat_tool_call, status
 from tests.llm_proxy import (
     WEATHER_TOOL,
+    WEATHER_TOOL_ANTHROPIC,
+    WEATHER_TOOL_RESPONSES,
     anthropic_agent,
     anthropic_client,
     openai_agent,
@@ -31,6 +35,7 @@ from tests.llm_proxy import (
     raw_post,
     refused_by_both,
     responses_agent,
+    weather,
 )
 from tests.redis_server import RedisServer
 
@@ -153,6 +158,144 @@ async def test_block_mode_stop_answers_without_the_model(
     assert llm.count == 12
     for text in (answer, a_answer, r_answer):
         assert text.startswith("[botbouncer (loop guard): identical_call] You called get_weather")
+
+
+class Forecast(pydantic.BaseModel):
+    city: str
+    sky: str
+
+
+# get_weather as chat.completions.parse() takes it: strict, its arguments parsed too.
+STRICT_TOOL = {"type": "function", "function": {**WEATHER_TOOL["function"], "strict": True}}  # type: ignore[dict-item]
+
+
+async def parsing_agent(url: str, api: str, stream: bool) -> Any:
+    """The tool loop of each API's guide with the answer asked as a Forecast
+    through the SDK's parse() (or its stream): the last answer, as parsed."""
+    ask = {"role": "user", "content": "Weather in Brest?"}
+    history: list[Any] = [ask]
+    for _ in range(10):
+        if api == "openai":
+            client = openai_client(f"{url}/llm/openai/v1")
+            kw: dict[str, Any] = {"model": "gpt-test", "messages": history,
+                                  "tools": [STRICT_TOOL], "response_format": Forecast}  # fmt: skip
+            if stream:
+                async with client.chat.completions.stream(**kw) as s:
+                    completion = await s.get_final_completion()
+            else:
+                completion = await client.chat.completions.parse(**kw)
+            msg = completion.choices[0].message
+            if not msg.tool_calls:
+                return msg
+            history.append(msg.model_dump(include={"role", "content", "tool_calls"}))
+            calls = [(c.id, c.function.arguments) for c in msg.tool_calls]
+            history += [{"role": "tool", "tool_call_id": i, "content": weather(**json.loads(a))}
+                        for i, a in calls]  # fmt: skip
+        elif api == "responses":
+            client = openai_client(f"{url}/llm/openai/v1")
+            kw = {"model": "gpt-test", "input": history, "tools": [WEATHER_TOOL_RESPONSES],
+                  "text_format": Forecast}  # fmt: skip
+            if stream:
+                async with client.responses.stream(**kw) as rs:
+                    response = await rs.get_final_response()
+            else:
+                response = await client.responses.parse(**kw)
+            made = [i for i in response.output if i.type == "function_call"]
+            if not made:
+                return response
+            for c in made:
+                history.append({"type": "function_call", "call_id": c.call_id, "name": c.name,
+                                "arguments": c.arguments})  # fmt: skip
+                history.append({"type": "function_call_output", "call_id": c.call_id,
+                                "output": weather(**json.loads(c.arguments))})  # fmt: skip
+        else:
+            aclient = anthropic_client(f"{url}/llm/anthropic")
+            kw = {"model": "claude-test", "max_tokens": 1024, "messages": history,
+                  "tools": [WEATHER_TOOL_ANTHROPIC], "output_format": Forecast}  # fmt: skip
+            if stream:
+                async with aclient.messages.stream(**kw) as ms:
+                    message = await ms.get_final_message()
+            else:
+                message = await aclient.messages.parse(**kw)
+            if message.stop_reason != "tool_use":
+                return message
+            history.append({"role": "assistant", "content": message.content})
+            history.append({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": b.id, "content": weather(**b.input)}
+                for b in message.content if b.type == "tool_use"]})  # fmt: skip
+    raise AssertionError("the agent never answered")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("api", ["openai", "responses", "anthropic"])
+async def test_block_mode_stop_refuses_an_answer_asked_in_a_schema(
+    redis_url: str, key_prefix: str, api: str, stream: bool
+) -> None:
+    # Breaks if, with block_mode: stop, the proxy's answer to a request that
+    # asks for its answer in a JSON schema (as the SDKs' parse() and the
+    # Agents SDK's output_type do) is plain text: the SDK validates it as
+    # the schema's JSON and raises in the agent, instead of ending its loop.
+    # A refusal is returned unparsed.
+    async with FakeLLM() as llm:
+        llm.default = repeat_tool_call("get_weather", {"city": "Brest"}, obey=False)
+        async with proxy_daemon(llm, redis_url, key_prefix, block_mode="stop") as (_, url):
+            last = await parsing_agent(url, api, stream)
+    assert llm.count == 4  # the 5th request was answered by the proxy
+    said = "[botbouncer (loop guard): identical_call] You called get_weather"
+    if api == "openai":
+        assert (last.content, last.parsed) == (None, None)
+        assert last.refusal.startswith(said)
+    elif api == "responses":
+        assert (last.output_parsed, last.output_text) == (None, "")
+        [message] = last.output
+        assert [p.type for p in message.content] == ["refusal"]
+        assert message.content[0].refusal.startswith(said)
+    else:
+        assert (last.stop_reason, last.content, last.parsed_output) == ("refusal", [], None)
+        assert last.stop_details.explanation.startswith(said)
+
+
+SCREENSHOT_TOOL = {
+    "name": "screenshot",
+    "description": "A picture of the screen",
+    "input_schema": {"type": "object", "properties": {}},
+}
+
+
+@pytest.mark.parametrize("screen", ["changing", "still"])
+async def test_screenshots_are_one_result_only_when_the_picture_is(
+    redis_url: str, key_prefix: str, screen: str
+) -> None:
+    # Breaks if a tool result that is an image is read as no text at all: a
+    # computer-use agent watching a screen that changes, screenshot after
+    # screenshot, is warned and then blocked (identical_call) as if nothing
+    # changed. A screen that does not change is still a loop.
+    async with FakeLLM() as llm:
+        llm.default = repeat_tool_call("screenshot", otherwise="The build is green.")
+        async with proxy_daemon(llm, redis_url, key_prefix) as (_, url):
+            client = anthropic_client(f"{url}/llm/anthropic")
+            messages: list[Any] = [{"role": "user", "content": "Tell me when the build is green."}]
+            for shot in range(6):
+                message = await client.messages.create(
+                    model="claude-test", max_tokens=1024, messages=messages, tools=[SCREENSHOT_TOOL]
+                )
+                messages.append({"role": "assistant", "content": message.content})
+                if message.stop_reason != "tool_use":
+                    break
+                screen_bytes = f"screen {shot if screen == 'changing' else 0}".encode()
+                picture = {"type": "base64", "media_type": "image/png",
+                           "data": base64.b64encode(screen_bytes).decode()}  # fmt: skip
+                messages.append({"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": b.id,
+                     "content": [{"type": "image", "source": picture}]}
+                    for b in message.content if b.type == "tool_use"]})  # fmt: skip
+    choices = [c.tool_choice for c in llm.calls]
+    noted = ["loop guard" in json.dumps((c.body or {}).get("system")) for c in llm.calls]
+    if screen == "changing":
+        assert (choices, noted) == ([None] * 6, [False] * 6)
+    else:  # the 3rd identical screenshot is a warning, the 4th a block
+        assert choices == [None] * 4 + [NONE["anthropic"]]
+        assert noted == [False] * 3 + [True, True]
 
 
 # -- budgets -----------------------------------------------------------------------

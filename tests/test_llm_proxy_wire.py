@@ -137,6 +137,81 @@ def test_sse_reader_splits_events_across_chunks() -> None:
     assert b"".join(raw for raw, _ in got) == b"data: a\n\ndata: b\ndata: c\n\n: comment\n\n"
 
 
+SSE_STREAM = (
+    b"data: a\n\n"
+    b"event: e\r\ndata: b\r\ndata: c\r\n\r\n"
+    b"data: d\r\r"
+    b": comment\n\n"
+    b"data:e\r\n\r\n"
+    b"data: tail"
+)
+SSE_EVENTS = [
+    (b"data: a\n\n", "a"),
+    (b"event: e\r\ndata: b\r\ndata: c\r\n\r\n", "b\nc"),
+    (b"data: d\r\r", "d"),
+    (b": comment\n\n", None),
+    (b"data:e\r\n\r\n", "e"),
+]
+
+
+def test_sse_reader_gives_the_same_events_however_the_stream_is_cut() -> None:
+    # Breaks if an event's end (\n\n, \r\n\r\n or \r\r) split across two
+    # pieces is missed or found twice, or an event comes out cut or joined
+    # to the next: the proxy would lose a usage or a tool call, or hand the
+    # agent a stream that is not the upstream's.
+    cuts = [(i, j) for i in range(len(SSE_STREAM) + 1) for j in range(i, len(SSE_STREAM) + 1)]
+    for i, j in cuts:
+        r = SseReader()
+        got = r.feed(SSE_STREAM[:i]) + r.feed(SSE_STREAM[i:j]) + r.feed(SSE_STREAM[j:])
+        assert (got, r.rest()) == (SSE_EVENTS, b"data: tail"), (i, j)
+    r = SseReader()
+    got = [e for k in range(len(SSE_STREAM)) for e in r.feed(SSE_STREAM[k : k + 1])]
+    assert (got, r.rest(), r.rest()) == (SSE_EVENTS, b"data: tail", b"")
+
+
+def test_sse_reader_searches_each_byte_of_a_long_event_about_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Breaks if the reader searches the whole unfinished event for its end
+    # again with each piece that arrives: a 2 MB event (an image the model
+    # made) in 1,460-byte pieces then costs some 1.4 GB searched, seconds
+    # of the event loop during which no other request is served.
+    # What is measured is the bytes searched, not the time taken.
+    import re
+
+    from gateway.llmproxy import wire
+
+    class Counting:
+        """The reader's pattern, counting the bytes each search may go through."""
+
+        def __init__(self, pattern: re.Pattern[bytes]) -> None:
+            self.pattern, self.searched = pattern, 0
+
+        def search(self, string: bytes, pos: int = 0) -> re.Match[bytes] | None:
+            m = self.pattern.search(string, pos)
+            self.searched += (m.end() if m else len(string)) - pos
+            return m
+
+        def __getattr__(self, name: str) -> Any:  # finditer, split...: the whole of it
+            method = getattr(self.pattern, name)
+
+            def counted(string: bytes, *args: Any, **kwargs: Any) -> Any:
+                self.searched += len(string)
+                return method(string, *args, **kwargs)
+
+            return counted
+
+    counting = Counting(wire._EVENT_END)
+    monkeypatch.setattr(wire, "_EVENT_END", counting)
+    line = b"data: " + b"QUJD" * 250 + b"\n"  # base64, 1,000 characters a line
+    event = b"event: response.output_item.done\n" + line * 2_000 + b"\n"
+    r = SseReader()
+    got = [e for i in range(0, len(event), 1460) for e in r.feed(event[i : i + 1460])]
+    assert got == [(event, "\n".join(["QUJD" * 250] * 2_000))]
+    assert r.rest() == b""
+    assert counting.searched < 2 * len(event), counting.searched
+
+
 def test_notes_and_disabled_tools_in_each_api() -> None:
     o = OpenAI().with_note({**OPENAI_HISTORY, "tools": [], "parallel_tool_calls": True}, "N", True)
     assert o["messages"][-1] == {"role": "system", "content": "N"}
@@ -186,6 +261,24 @@ def test_an_llm_proxy_alone_is_a_whole_config() -> None:
 def test_llm_proxy_config_errors_name_the_key(section: str, problem: str) -> None:
     found = _problems(section)
     assert any(p.startswith(problem) for p in found), found
+
+
+@pytest.mark.parametrize(
+    "url", ["https://bob:s3cr3tpass@api.example.com/v1", "http://bob@10.0.0.1:8000", "https://@x"]
+)
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_an_upstream_url_with_a_user_or_password_is_refused(api: str, url: str) -> None:
+    # Breaks if an upstream URL with a user info loads: every request with
+    # the agent's Authorization is then a 500 (aiohttp will not send both),
+    # and the password is in the 502 an agent gets when the upstream is
+    # down, and in the WARNING logged.
+    assert _problems(f"  {api}: {{upstream: '{url}'}}") == [
+        f"llm_proxy.{api}.upstream: must not hold a user name or password (user:password@host): "
+        "the key goes in api_key, which may take it from the environment as ${VAR}"
+    ]
+    cfg = parse_config(f"llm_proxy:\n  {api}: {{upstream: 'https://x/a@b'}}\n", env={})
+    assert cfg.llm_proxy is not None  # an @ in the path is no user info
+    assert cfg.llm_proxy.apis()[0][1].upstream == "https://x/a@b"
 
 
 def test_calls_without_ids_or_text_still_anchor_a_session() -> None:
@@ -253,6 +346,115 @@ def test_responses_tool_events_pair_outputs_with_their_calls() -> None:
     assert Responses().tool_events({"model": "m", "input": "hi"}) == []
 
 
+def results_history(api: str, contents: list[Any], call_id: str = "c") -> dict[str, Any]:
+    """A history in `api`'s shape ("openai", "responses", "anthropic"): the
+    same `look` call once for each of `contents`, each answered with it."""
+    turns: list[Any] = []
+    for i, content in enumerate(contents):
+        cid = f"{call_id}{i}" if call_id else ""
+        if api == "anthropic":
+            turns += [
+                {"role": "assistant", "content": [
+                    {"type": "tool_use", "id": cid, "name": "look", "input": {}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": cid, "content": content}]},
+            ]  # fmt: skip
+        elif api == "openai":
+            turns += [
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": cid, "type": "function",
+                     "function": {"name": "look", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": cid, "content": content},
+            ]  # fmt: skip
+        else:
+            turns += [
+                {"type": "function_call", "call_id": cid, "name": "look", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": cid, "output": content},
+            ]
+    ask = {"role": "user", "content": "Watch the build."}
+    if api == "responses":
+        return {"model": "m", "input": [ask, *turns]}
+    return {"model": "m", "messages": [ask, *turns]}
+
+
+def result_outputs(api: str, body: dict[str, Any]) -> list[Any]:
+    from gateway.llmproxy.responses import Responses
+
+    dialect = {"openai": OpenAI, "responses": Responses, "anthropic": Anthropic}[api]()
+    return [e.output for e in dialect.tool_events(body) if e.kind == "result"]
+
+
+# A picture, another, and a file, as each API puts them in a tool result.
+PICTURE = {
+    "anthropic": lambda data: {"type": "image", "source": {
+        "type": "base64", "media_type": "image/png", "data": data}},
+    "openai": lambda data: {"type": "image_url", "image_url": {
+        "url": f"data:image/png;base64,{data}"}},
+    "responses": lambda data: {"type": "input_image", "image_url": f"data:image/png;base64,{data}"},
+}  # fmt: skip
+A_FILE = {
+    "anthropic": {"type": "document", "source": {
+        "type": "base64", "media_type": "application/pdf", "data": "JVBERi0x"}},
+    "openai": {"type": "file", "file": {"file_id": "file-1"}},
+    "responses": {"type": "input_file", "filename": "build.pdf", "file_data": "JVBERi0x"},
+}  # fmt: skip
+CACHE_MARK = {
+    "anthropic": {"cache_control": {"type": "ephemeral"}},
+    "openai": {},
+    "responses": {"prompt_cache_breakpoint": {"mode": "explicit"}},
+}
+TEXT_PART = {"anthropic": "text", "openai": "text", "responses": "input_text"}
+
+
+@pytest.mark.parametrize("api", ["anthropic", "responses", "openai"])
+def test_results_that_are_pictures_or_files_are_told_apart(api: str) -> None:
+    # Breaks if the parts of a tool result that are not text (Anthropic's
+    # image and document blocks, the Responses API's input_image and
+    # input_file, Chat Completions' image_url and file) are read as no text
+    # at all: a computer-use agent's screenshots, each a different picture,
+    # would be one identical result, and the agent blocked (identical_call)
+    # while every result changed.
+    picture, text = PICTURE[api], TEXT_PART[api]
+    contents = [
+        [picture("AAAA")],
+        [picture("BBBB")],
+        [{**picture("AAAA"), **CACHE_MARK[api]}],  # the prompt-cache mark moved onto it
+        [{"type": text, "text": "Page 1"}, picture("AAAA")],
+        [A_FILE[api]],
+    ]
+    outputs = result_outputs(api, results_history(api, contents))
+    assert len(outputs) == 5
+    assert outputs[0] != outputs[1]  # two pictures: two results
+    assert outputs[0] == outputs[2]  # one picture: one result, wherever the cache mark is
+    assert outputs[3] == "Page 1" + outputs[0]
+    kind = PICTURE[api]("")["type"]
+    assert outputs[0].startswith(f"[{kind} ") and outputs[0].endswith("]")
+    assert outputs[4].startswith(f"[{A_FILE[api]['type']} ")
+    assert len(set(outputs)) == 4
+
+
+@pytest.mark.parametrize("api", ["anthropic", "responses", "openai"])
+def test_results_of_text_alone_read_as_they_always_have(api: str) -> None:
+    # Breaks if a result of text alone reads otherwise than it always has:
+    # the guard compares each new result with the ones it holds for the
+    # session, and keeps the key of each event it was fed (a result without
+    # a call id is keyed by its text), so every session under way would see
+    # its results as new ones.
+    text = TEXT_PART[api]
+    parts = [{"type": text, "text": "build "}, {"type": text, "text": "at 40%"}]
+    assert result_outputs(api, results_history(api, [parts, "build at 40%", []])) == [
+        "build at 40%",
+        "build at 40%",
+        "",
+    ]
+    if api == "responses":  # a result keyed by its place and text, pinned
+        from gateway.llmproxy.responses import Responses
+
+        events = Responses().tool_events(results_history(api, [parts], call_id=""))
+        keys = ["step:#1:0e25f723f8c23296", "result:#2:faf4f4aa5d3f50f4"]
+        assert [e.key for e in events] == keys
+
+
 def test_responses_anchor_from_an_answer_whole_or_streamed_is_its_historys() -> None:
     # Breaks if the answer's anchor (whole, or from response.completed in a
     # stream) differs from the one the next request's history gives: every
@@ -313,6 +515,66 @@ def test_responses_final_answer_and_note_as_the_sdk_reads_them(stream: bool) -> 
                             "code": "budget_exhausted"}  # fmt: skip
 
 
+def stop_answer(api: str, body: dict[str, Any]) -> tuple[str, str]:
+    """What final_answer writes for `body`, whole or streamed: ("text", its
+    text) or ("refusal", its text), as the API's own fields say it."""
+    from gateway.llmproxy.responses import Responses
+
+    dialect = {"openai": OpenAI, "responses": Responses, "anthropic": Anthropic}[api]()
+    raw, _ = dialect.final_answer(body, "Stopped.")
+    if body.get("stream"):
+        events = [json.loads(line[6:]) for line in raw.decode().splitlines()
+                  if line.startswith("data: {")]  # fmt: skip
+    else:
+        events = [json.loads(raw)]
+    said: dict[str, str] = {}
+    for e in events:
+        if api == "openai":
+            for c in e["choices"]:
+                for field in ("content", "refusal"):
+                    part = (c.get("message") or c["delta"]).get(field)
+                    said[field] = said.get(field, "") + (part or "")
+        elif api == "responses":
+            for item in e.get("output", e.get("response", {}).get("output", [])):
+                for part in item["content"]:
+                    said[part["type"]] = part.get("text") or part.get("refusal")
+        else:
+            message = e.get("message", e)
+            for block in message.get("content", []):
+                said["text"] = block["text"]
+            said["text"] = said.get("text", "") + e.get("delta", {}).get("text", "")  # streamed
+            for stop in (message, e.get("delta", {})):
+                if stop.get("stop_reason") == "refusal":
+                    said["refusal"] = stop["stop_details"]["explanation"]
+    [(kind, text)] = [(k, v) for k, v in said.items() if v]
+    return {"content": "text", "output_text": "text"}.get(kind, kind), text
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize(
+    ("api", "asks", "kind"),
+    [
+        ("openai", {}, "text"),
+        ("openai", {"response_format": {"type": "text"}}, "text"),
+        ("openai", {"response_format": {"type": "json_object"}}, "refusal"),
+        ("openai", {"response_format": {"type": "json_schema", "json_schema": {}}}, "refusal"),
+        ("responses", {"text": {"format": {"type": "text"}}}, "text"),
+        ("responses", {"text": {"format": {"type": "json_object"}}}, "refusal"),
+        ("responses", {"text": {"format": {"type": "json_schema", "schema": {}}}}, "refusal"),
+        ("anthropic", {"output_config": {"effort": "low"}}, "text"),
+        ("anthropic", {"output_config": {"format": {"type": "json_schema"}}}, "refusal"),
+        ("anthropic", {"output_format": {"type": "json_schema"}}, "refusal"),
+    ],
+)
+def test_a_stop_answer_is_a_refusal_where_json_is_asked_and_text_elsewhere(
+    api: str, asks: dict[str, Any], kind: str, stream: bool
+) -> None:
+    # Breaks if block_mode: stop answers in text a request that asks for its
+    # answer in JSON (the SDKs parse that text, and raise), or in a refusal
+    # one that does not (the agent reads a text answer).
+    assert stop_answer(api, {"model": "m", "stream": stream, **asks}) == (kind, "Stopped.")
+
+
 # -- any shape of body or answer --------------------------------------------------------
 
 FUZZ_EXAMPLES = int(os.environ.get("BOTBOUNCER_FUZZ_EXAMPLES", "150"))
@@ -322,14 +584,16 @@ _KEYS = st.sampled_from([
     "is_error", "stream", "tools", "tool_choice", "functions", "previous_response_id",
     "conversation", "store", "instructions", "system", "usage", "choices", "message", "delta",
     "response", "index", "stream_options", "include_usage", "prompt_tokens", "input_tokens",
-    "output_tokens", "completion_tokens",
+    "output_tokens", "completion_tokens", "response_format", "format", "output_config",
+    "output_format",
 ])  # fmt: skip
 _SCALARS = (
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=6)
     | st.sampled_from(["assistant", "user", "tool", "system", "function_call", "tool_use",
                        "function_call_output", "custom_tool_call", "custom_tool_call_output",
                        "tool_result", "message", "text", "reasoning", "response.completed",
-                       "message_start", "message_delta", "content_block_start", "{}"])
+                       "message_start", "message_delta", "content_block_start", "{}",
+                       "json_schema", "image"])
 )  # fmt: skip
 _JSON = st.recursive(
     _SCALARS,

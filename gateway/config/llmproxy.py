@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -20,6 +21,14 @@ def _upstream(value: str) -> str:
     check_http_url(value)
     if "?" in value or "#" in value:
         raise ValueError("must be a base URL without a query or fragment")
+    # aiohttp sends a URL's user name and password as a Basic Authorization
+    # header and refuses them beside the agent's own Authorization; the URL
+    # is also shown in error answers and logs, password included.
+    if "@" in urlsplit(value).netloc:
+        raise ValueError(
+            "must not hold a user name or password (user:password@host): the key goes in "
+            "api_key, which may take it from the environment as ${VAR}"
+        )
     return value.rstrip("/")
 
 

@@ -17,6 +17,7 @@ from gateway.llmproxy.wire import (
     Tap,
     ToolEvent,
     count,
+    id_of,
     key_of,
     messages,
     objects,
@@ -44,18 +45,28 @@ def _usage(tap: Tap, usage: Json) -> None:
     tap.usage.seen = True
 
 
+def _uncached(content: Any) -> Any:
+    """Content without its blocks' `cache_control` marks: prompt caching
+    moves them from turn to turn (the last user turn holds one), and the
+    opening of one conversation must read the same on every request."""
+    if not isinstance(content, list):
+        return content
+    return [
+        {k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, dict) else b
+        for b in content
+    ]
+
+
 def _anchor_blocks(anchor: Anchor, blocks: list[Json]) -> None:
     for b in blocks:
         if b.get("type") == "tool_use" and isinstance(b.get("id"), str) and b["id"]:
             anchor.ids.append(b["id"])
-        elif b.get("type") == "text" and isinstance(b.get("text"), str):
-            anchor.text.append(b["text"])
 
 
 class AnthropicStreamTap(EventTap):
     """`event: <type>` / `data: {...}` events, passed through as they come:
     usage from message_start (input) and message_delta (output so far), the
-    anchor from the tool_use blocks' ids and the text deltas."""
+    anchor from the tool_use blocks' ids."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -71,10 +82,6 @@ class AnthropicStreamTap(EventTap):
             _usage(self, event["usage"])
         elif kind == "content_block_start" and isinstance(event.get("content_block"), dict):
             _anchor_blocks(self._anchor, [event["content_block"]])
-        elif kind == "content_block_delta" and isinstance(event.get("delta"), dict):
-            delta = event["delta"]
-            if delta.get("type") == "text_delta" and isinstance(delta.get("text"), str):
-                self._anchor.text.append(delta["text"])
 
     def done(self) -> bytes:
         self.anchor = self._anchor.value()
@@ -83,6 +90,15 @@ class AnthropicStreamTap(EventTap):
 
 def _sse(kind: str, data: Json) -> bytes:
     return f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def _json_answer(body: Json) -> bool:
+    """Whether the body asks for an answer in JSON: a json_schema format, in
+    `output_config` (as the SDK's parse() sends it) or the beta's `output_format`."""
+    config = body.get("output_config")
+    config = config if isinstance(config, dict) else {}
+    formats = [config.get("format"), body.get("output_format")]
+    return any(isinstance(f, dict) and f.get("type") == "json_schema" for f in formats)
 
 
 class Anthropic(Dialect):
@@ -106,7 +122,7 @@ class Anthropic(Dialect):
                         names[call_id] = name
                     args = b.get("input")
                     key = key_of("step", call_id, i * 1000 + j, name, args)
-                    events.append(ToolEvent(key, "step", name, args=args))
+                    events.append(ToolEvent(key, "step", name, args=args, call=id_of(call_id)))
                 elif role == "user" and kind == "tool_result":
                     call_id = b.get("tool_use_id")
                     name = names.get(call_id) if isinstance(call_id, str) else None
@@ -115,26 +131,25 @@ class Anthropic(Dialect):
                     output = text_of(b.get("content"))
                     ok = b.get("is_error") is not True
                     key = key_of("result", call_id, i * 1000 + j, name, output)
-                    events.append(ToolEvent(key, "result", name, ok=ok, output=output))
+                    events.append(ToolEvent(key, "result", name, ok=ok, output=output,
+                                            call=call_id))  # fmt: skip
         return events
 
     def opening(self, body: Json) -> Any:
-        opening: list[Any] = [["system", body.get("system")]]
+        opening: list[Any] = [["system", _uncached(body.get("system"))]]
         for m in messages(body):
             if m.get("role") == "assistant":
                 break
-            opening.append([m.get("role"), m.get("content")])
+            opening.append([m.get("role"), _uncached(m.get("content"))])
         return opening
 
     def anchor(self, body: Json) -> str | None:
         for m in messages(body):
             if m.get("role") == "assistant":
                 anchor = Anchor()
-                content = m.get("content")
-                if isinstance(content, str):
-                    anchor.text.append(content)
                 _anchor_blocks(anchor, _blocks(m))
-                return anchor.value()
+                if (value := anchor.value()) is not None:
+                    return value
         return None
 
     def with_note(self, body: Json, note: str, disable_tools: bool) -> Json:
@@ -163,21 +178,26 @@ class Anthropic(Dialect):
 
     def final_answer(self, body: Json, text: str) -> tuple[bytes, str]:
         ident = "msg_botbouncer_" + secrets.token_hex(12)
+        # Asked for JSON, the answer is a refusal with no text block, the text
+        # its explanation: the SDK's parse() would reject the text.
+        refuses = _json_answer(body)
+        stop: Json = {"stop_reason": "end_turn", "stop_sequence": None}
+        if refuses:
+            details = {"type": "refusal", "category": None, "explanation": text}
+            stop = {"stop_reason": "refusal", "stop_sequence": None, "stop_details": details}
         message: Json = {
             "id": ident,
             "type": "message",
             "role": "assistant",
             "model": self.model(body),
-            "content": [{"type": "text", "text": text}],
-            "stop_reason": "end_turn",
-            "stop_sequence": None,
+            "content": [] if refuses else [{"type": "text", "text": text}],
+            **stop,
             "usage": {"input_tokens": 0, "output_tokens": 0},
         }
         if not self.streams(body):
             return json.dumps(message).encode(), "application/json"
-        start = {**message, "content": [], "stop_reason": None}
-        events = [
-            _sse("message_start", {"type": "message_start", "message": start}),
+        start = {**message, "content": [], **dict.fromkeys(stop)}  # stop_reason null
+        block = [
             _sse(
                 "content_block_start",
                 {
@@ -195,13 +215,13 @@ class Anthropic(Dialect):
                 },
             ),
             _sse("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        ]
+        events = [
+            _sse("message_start", {"type": "message_start", "message": start}),
+            *([] if refuses else block),
             _sse(
                 "message_delta",
-                {
-                    "type": "message_delta",
-                    "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                    "usage": {"output_tokens": 0},
-                },
+                {"type": "message_delta", "delta": stop, "usage": {"output_tokens": 0}},
             ),
             _sse("message_stop", {"type": "message_stop"}),
         ]

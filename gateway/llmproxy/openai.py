@@ -20,6 +20,7 @@ from gateway.llmproxy.wire import (
     Tap,
     ToolEvent,
     count,
+    id_of,
     key_of,
     messages,
     objects,
@@ -44,7 +45,7 @@ def _function(call: Json) -> Json:
 
 class OpenAIStreamTap(Tap):
     """`data: {chunk}` events: usage from the chunk that carries it, the
-    anchor from the first choice's tool call ids and text. With `hide_usage`
+    anchor from the first choice's tool calls. With `hide_usage`
     (the proxy asked for the usage the agent did not) the usage-only chunk is
     kept back, so the agent gets the stream it asked for."""
 
@@ -105,9 +106,6 @@ def _anchor_delta(anchor: Anchor, delta: Json, calls: dict[Any, list[str]]) -> N
         for i, key in enumerate(("name", "arguments")):
             if isinstance(fn.get(key), str):
                 parts[i] += fn[key]
-    content = delta.get("content")
-    if isinstance(content, str):
-        anchor.text.append(content)
 
 
 def _anchor_message(message: Json) -> str | None:
@@ -119,8 +117,14 @@ def _anchor_message(message: Json) -> str | None:
         name, arguments = fn.get("name"), fn.get("arguments")
         anchor.calls.append((name if isinstance(name, str) else "",
                              arguments if isinstance(arguments, str) else ""))  # fmt: skip
-    anchor.text.append(text_of(message.get("content")))
     return anchor.value()
+
+
+def _json_answer(body: Json) -> bool:
+    """Whether the body asks for an answer in JSON (`response_format` of type
+    json_schema, as the SDK's parse() sends it, or json_object)."""
+    fmt = body.get("response_format")
+    return isinstance(fmt, dict) and fmt.get("type") in ("json_schema", "json_object")
 
 
 class OpenAI(Dialect):
@@ -147,7 +151,7 @@ class OpenAI(Dialect):
                     if isinstance(call_id, str):
                         names[call_id] = name
                     key = key_of("step", call_id, i * 1000 + j, name, args)
-                    events.append(ToolEvent(key, "step", name, args=args))
+                    events.append(ToolEvent(key, "step", name, args=args, call=id_of(call_id)))
             elif role == "tool":
                 call_id = m.get("tool_call_id")
                 name = names.get(call_id) if isinstance(call_id, str) else None
@@ -155,7 +159,7 @@ class OpenAI(Dialect):
                     continue  # a result of no call in this history: nothing to pair it with
                 output = text_of(m.get("content"))
                 key = key_of("result", call_id, i, name, output)
-                events.append(ToolEvent(key, "result", name, ok=True, output=output))
+                events.append(ToolEvent(key, "result", name, output=output, call=call_id))
         return events
 
     def opening(self, body: Json) -> Any:
@@ -168,8 +172,8 @@ class OpenAI(Dialect):
 
     def anchor(self, body: Json) -> str | None:
         for m in messages(body):
-            if m.get("role") == "assistant":
-                return _anchor_message(m)
+            if m.get("role") == "assistant" and (value := _anchor_message(m)) is not None:
+                return value
         return None
 
     def with_note(self, body: Json, note: str, disable_tools: bool) -> Json:
@@ -224,7 +228,12 @@ class OpenAI(Dialect):
         ident = "chatcmpl-botbouncer-" + secrets.token_hex(12)
         created = int(time.time())
         model = self.model(body)
+        # Asked for JSON, the answer is a refusal (`content` null): the SDK's
+        # parse() returns a refusal unparsed, and would reject the text.
+        field = "refusal" if _json_answer(body) else "content"
         if not self.streams(body):
+            message: Json = {"role": "assistant", "content": None, "refusal": None}
+            message[field] = text
             answer = {
                 "id": ident,
                 "object": "chat.completion",
@@ -233,7 +242,7 @@ class OpenAI(Dialect):
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": text, "refusal": None},
+                        "message": message,
                         "logprobs": None,
                         "finish_reason": "stop",
                     }
@@ -250,9 +259,12 @@ class OpenAI(Dialect):
                 c["usage"] = None
             return b"data: " + json.dumps(c).encode() + b"\n\n"
 
+        first: Json = {"role": "assistant", "content": ""}
+        if field == "refusal":
+            first = {"role": "assistant", "content": None, "refusal": ""}
         parts = [
-            chunk({"role": "assistant", "content": ""}, None),
-            chunk({"content": text}, None),
+            chunk(first, None),
+            chunk({field: text}, None),
             chunk({}, "stop"),
         ]
         if usage:

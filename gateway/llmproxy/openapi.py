@@ -92,7 +92,11 @@ def _model_call(api: str, title: str, operation: str) -> dict[str, Any]:
                     "text/event-stream": {"schema": {"type": "string"}},
                 },
             },
-            "400": _error(api, "invalid_session: a bad X-Botbouncer-Session header"),
+            "400": _error(
+                api,
+                "invalid_session: a bad X-Botbouncer-Session header; "
+                "invalid_path: a `..` segment in the path",
+            ),
             "409": _error(api, "guard_conflict: the session runs under another profile"),
             "413": _error(api, "request_too_large: over llm_proxy.max_body_bytes"),
             "429": _error(api, "budget_exhausted: the session's budget is spent"),
@@ -114,6 +118,7 @@ def _passthrough(api: str, method: str) -> dict[str, Any]:
         ],
         "responses": {
             "default": {"description": "the upstream's own answer, with its status"},
+            "400": _error(api, "invalid_path: a `..` segment in the path"),
             "413": _error(api, "request_too_large"),
             "502": _error(api, "upstream_unreachable"),
             "504": _error(api, "upstream_timeout"),

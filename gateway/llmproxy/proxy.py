@@ -28,13 +28,16 @@ logged (an agent is never stopped by the guard's own trouble).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 import aiohttp
 from aiohttp import web
+from yarl import URL
 
 from gateway.config.llmproxy import ApiConfig, LlmProxyConfig
 from gateway.errors import BotbouncerError
@@ -47,7 +50,16 @@ from gateway.llmproxy.anthropic import Anthropic
 from gateway.llmproxy.openai import OpenAI
 from gateway.llmproxy.order import Turns
 from gateway.llmproxy.responses import Responses
-from gateway.llmproxy.wire import HOP_BY_HOP, Dialect, Json, Tap, ToolEvent, Usage, WholeTap
+from gateway.llmproxy.wire import (
+    HOP_BY_HOP,
+    Dialect,
+    Json,
+    Tap,
+    ToolEvent,
+    Usage,
+    WholeTap,
+    in_call_order,
+)
 from gateway.metrics import Metrics
 from gateway.store import Store, StoreError
 
@@ -59,6 +71,9 @@ _KEYS = frozenset({"authorization", "x-api-key", "api-key"})
 GUARD_HEADER = "X-Botbouncer-Guard"
 NOTE = "botbouncer (loop guard): "
 TOOLS_OFF = " Tools are disabled for this answer: answer the user now with what you have."
+# On an answer the same request cannot change: the SDKs retry 408, 409, 429
+# and 5xx unless told not to.
+NO_RETRY = {"x-should-retry": "false"}
 
 
 class TooLarge(BotbouncerError):
@@ -72,6 +87,34 @@ class Verdict:
     # The events fed, being saved while the request goes on (awaited before
     # the answer ends: the session's next request finds them saved).
     saving: asyncio.Task[None] | None = None
+
+
+def _tails(raw_path: str, prefix: str) -> tuple[str, str] | None:
+    """The request's path under the API's `prefix`: (decoded, for telling
+    the routes apart; as it came, for the upstream), without `.` segments;
+    None when it holds a `..` segment. The upstream gets the path's
+    escapes as sent (an escaped `?`, `#` or `/` in a file id is part of the
+    id), and a route is told by what the upstream will make of it, so
+    `/v1/./chat/completions` is the guarded route and `%2E%2E` climbs out
+    of nothing."""
+    path = raw_path.partition("?")[0]
+    if not path.startswith(prefix + "/"):  # the prefix itself escaped: read it as decoded
+        path = URL(path).path
+        if not path.startswith(prefix + "/"):
+            return None
+    kept = []
+    for segment in path[len(prefix) + 1 :].split("/"):
+        plain = unquote(segment)
+        if plain == "..":
+            return None
+        if plain != ".":
+            kept.append(segment)
+    decoded = "/" + "/".join(unquote(s) for s in kept if s)
+    return decoded, "/" + "/".join(kept)
+
+
+def _request_digest(raw: bytes) -> str:
+    return hashlib.sha256(raw).hexdigest()[:32]
 
 
 def _worst(answers: list[Answer]) -> Answer | None:
@@ -150,8 +193,13 @@ class LlmProxy:
             return self._error(self._api(name)[1], 503, exc.public(), "shutting_down")
 
     async def _proxy(self, request: web.Request, name: str) -> web.StreamResponse:
-        tail = "/" + request.match_info["tail"]
-        api, dialect = self._api(name, tail)
+        tails = _tails(request.raw_path, self.paths[name])
+        api, dialect = self._api(name, tails[0] if tails is not None else "")
+        if tails is None:
+            self._count(name, "bad_path")
+            why = "a path with a `..` segment is not forwarded"
+            return self._error(dialect, 400, why, "invalid_path", NO_RETRY)
+        tail, wire = tails
         if api is None:  # removed by a reload: the route stays until restart
             return self._error(dialect, 404, f"the {name} API is no longer configured", "not_found")
         try:
@@ -167,8 +215,8 @@ class LlmProxy:
                 body = None  # the upstream says what is wrong with it
         if not isinstance(body, dict):
             self._count(name, "passthrough")
-            return await self._forward(request, api, dialect, tail, raw)
-        return await self._model_call(request, api, dialect, tail, raw, body)
+            return await self._forward(request, api, dialect, wire, raw)
+        return await self._model_call(request, api, dialect, wire, raw, body)
 
     async def _read(self, request: web.Request) -> bytes:
         limit = self.config.max_body_bytes
@@ -207,13 +255,20 @@ class LlmProxy:
         if session is None:
             session = sessions.fingerprint(dialect, body, credential, dialect.anchor(body))
         try:
-            verdict = await self._check(session, dialect, read)
+            verdict = await self._check(session, dialect, read, raw)
         except StoreError as exc:
             log.warning("llm proxy: the guard's store failed (%s); %s request forwarded "
                         "unguarded", exc, dialect.name)  # fmt: skip
             verdict = Verdict(None, "fail_open")
         except BotbouncerError as exc:  # a session under another profile: 409
-            return self._error(dialect, exc.status, exc.public(), "guard_conflict")
+            return self._error(dialect, exc.status, exc.public(), "guard_conflict", NO_RETRY)
+        if verdict.action == "stopped" and previous is not None:
+            # A conversation the upstream keeps (previous_response_id, a
+            # conversation): an answer written here is none it holds, and
+            # its next request would be refused there (an unknown response,
+            # calls without outputs). The model writes the final answer
+            # instead, tools off.
+            verdict.action = "tools_disabled"
         try:
             self._count(dialect.name, verdict.action)
             headers = {}
@@ -225,7 +280,7 @@ class LlmProxy:
                 log.info("llm proxy %s session=%s %s %s: %s", dialect.name, session, a.decision,
                          a.reason, verdict.action)  # fmt: skip
             if verdict.action == "budget_exhausted" and a is not None:
-                headers["x-should-retry"] = "false"  # the SDKs' own retries would ask again
+                headers.update(NO_RETRY)  # the SDKs' own retries would ask again
                 return self._error(dialect, 429, a.message, "budget_exhausted", headers)
             if verdict.action == "stopped" and a is not None:
                 text, kind = dialect.final_answer(body, f"[{NOTE}{a.reason}] {a.message}")
@@ -259,24 +314,42 @@ class LlmProxy:
                     log.warning("llm proxy: session %s: the events fed were not saved (%s); "
                                 "they may be fed again", session, exc)  # fmt: skip
 
-    async def _check(self, session: str | None, dialect: Dialect, body: Json) -> Verdict:
+    async def _check(
+        self, session: str | None, dialect: Dialect, body: Json, raw: bytes
+    ) -> Verdict:
         if session is None:
             return Verdict(None, "forwarded")  # a conversation's first request
         profile = self.config.profile
         answers: list[Answer] = []
+        checked = False  # whether any event was
         saving = None
         async with self.order.turn():  # in turns: gateway/llmproxy/order.py
             events = dialect.tool_events(body)
             if events:
-                new = await self.seen.new(session, events)
-                # In one call to the store, in order, until one is blocked.
-                checks = [c for c in (self._prepare(session, e, profile) for e in new) if c]
+                fed = await self.seen.new(session, events)
+                new, held = fed.new, fed.held
+                # In one call to the store, in order, each result after its
+                # own call, until one is blocked.
+                checks = [
+                    c for c in (self._prepare(session, e, profile) for e in in_call_order(new)) if c
+                ]
                 answers = await self.guard.feed(session, checks, profile)
+                checked = bool(answers)
                 for answer in answers:
                     self.metrics.guard_checks.labels(answer.decision, answer.reason).inc()
                 if new:
-                    saving = asyncio.create_task(self.seen.remember(session, events))
-            if not answers:  # nothing new to feed: is the budget spent?
+                    decided = _worst(answers)
+                    if decided is not None and decided.decision != "allow":
+                        held = sessions.Held(_request_digest(raw), decided.decision,
+                                             decided.reason, decided.message)  # fmt: skip
+                    else:
+                        held = None
+                    saving = asyncio.create_task(self.seen.remember(session, events, fed, held))
+                elif held is not None and held.applies_to(_request_digest(raw)):
+                    # The request the guard decided on, sent again (an SDK's
+                    # retry): the same verdict, not a fresh start.
+                    answers.append(Answer(session, held.decision, held.reason, held.message, {}))
+            if not checked:  # nothing new to feed: is the budget spent?
                 answers.append(await self.guard.usage(session, self._usage(0, 0), profile))
                 self.metrics.guard_checks.labels(answers[-1].decision, answers[-1].reason).inc()
         a = _worst(answers)
@@ -390,7 +463,7 @@ class LlmProxy:
         tap: Tap | None = None,
         headers: dict[str, str] | None = None,
     ) -> web.StreamResponse:
-        url = api.upstream + tail
+        url = URL(api.upstream + tail, encoded=True)  # `tail` as it came (_tails)
         t = self.config.timeouts
         timeout = aiohttp.ClientTimeout(
             total=None, connect=t.connect_seconds, sock_read=t.read_seconds

@@ -29,6 +29,7 @@ from gateway.llmproxy.wire import (
     Tap,
     ToolEvent,
     count,
+    id_of,
     key_of,
     objects,
     parse_arguments,
@@ -70,15 +71,14 @@ def _by_model(item: Json) -> bool:
 
 
 def _anchor_of(output: list[Json]) -> str | None:
-    """The first model turn of `output` (its first run of model items)."""
+    """The anchor of the first model turn of `output` (a run of model items)
+    that has one: the first that called tools."""
     anchor = Anchor()
-    started = False
     for item in output:
         if not _by_model(item):
-            if started:
-                break
+            if (value := anchor.value()) is not None:
+                return value  # the end of the turn that called tools
             continue
-        started = True
         kind = _type(item)
         if kind in _CALLS:
             call_id = item.get("call_id")
@@ -87,9 +87,7 @@ def _anchor_of(output: list[Json]) -> str | None:
             name, arguments = item.get("name"), item.get(_CALLS[kind])
             anchor.calls.append((name if isinstance(name, str) else "",
                                  arguments if isinstance(arguments, str) else ""))  # fmt: skip
-        elif item.get("role") == "assistant":
-            anchor.text.append(text_of(item.get("content")))
-    return anchor.value() if started else None
+    return anchor.value()
 
 
 def _read_response(response: Json, tap: Tap) -> None:
@@ -123,6 +121,15 @@ class ResponsesStreamTap(EventTap):
             _read_response(response, self)
 
 
+def _json_answer(body: Json) -> bool:
+    """Whether the body asks for an answer in JSON (`text.format` of type
+    json_schema, as the SDK's parse() and the Agents SDK's output_type send
+    it, or json_object)."""
+    text = body.get("text")
+    fmt = text.get("format") if isinstance(text, dict) else None
+    return isinstance(fmt, dict) and fmt.get("type") in ("json_schema", "json_object")
+
+
 class Responses(Dialect):
     name = "openai"
     model_path = "/v1/responses"
@@ -142,7 +149,7 @@ class Responses(Dialect):
                 if isinstance(call_id, str):
                     names[call_id] = name
                 events.append(ToolEvent(key_of("step", call_id, i, name, args), "step", name,
-                                        args=args))  # fmt: skip
+                                        args=args, call=id_of(call_id)))  # fmt: skip
             elif kind in _OUTPUTS:
                 name = names.get(call_id) if isinstance(call_id, str) else None
                 if name is None:
@@ -150,7 +157,7 @@ class Responses(Dialect):
                 output = item.get("output")
                 text = output if isinstance(output, str) else text_of(output)
                 key = key_of("result", call_id, i, name, text)
-                events.append(ToolEvent(key, "result", name, ok=True, output=text))
+                events.append(ToolEvent(key, "result", name, output=text, call=call_id))
         return events
 
     def opening(self, body: Json) -> Any:
@@ -198,7 +205,12 @@ class Responses(Dialect):
 
     def final_answer(self, body: Json, text: str) -> tuple[bytes, str]:
         message_id = "msg_botbouncer_" + secrets.token_hex(12)
-        part = {"type": "output_text", "text": text, "annotations": []}
+        # Asked for JSON, the answer is a refusal part: the SDK's parse()
+        # keeps a refusal as it is, and would reject the text.
+        refuses = _json_answer(body)
+        part: Json = {"type": "output_text", "text": text, "annotations": []}
+        if refuses:
+            part = {"type": "refusal", "refusal": text}
         message = {"type": "message", "id": message_id, "status": "completed",
                    "role": "assistant", "content": [part]}  # fmt: skip
         usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0,
@@ -221,12 +233,21 @@ class Responses(Dialect):
         started = {**response, "status": "in_progress", "output": [], "usage": None}
         opened = {**message, "status": "in_progress", "content": []}
         at = {"item_id": message_id, "output_index": 0, "content_index": 0}
+        written: list[Json] = [
+            {"type": "response.output_text.delta", **at, "delta": text, "logprobs": []},
+            {"type": "response.output_text.done", **at, "text": text, "logprobs": []},
+        ]
+        if refuses:
+            written = [
+                {"type": "response.refusal.delta", **at, "delta": text},
+                {"type": "response.refusal.done", **at, "refusal": text},
+            ]
+        empty = {**part, "refusal" if refuses else "text": ""}
         events: list[Json] = [
             {"type": "response.created", "response": started},
             {"type": "response.output_item.added", "output_index": 0, "item": opened},
-            {"type": "response.content_part.added", **at, "part": {**part, "text": ""}},
-            {"type": "response.output_text.delta", **at, "delta": text, "logprobs": []},
-            {"type": "response.output_text.done", **at, "text": text, "logprobs": []},
+            {"type": "response.content_part.added", **at, "part": empty},
+            *written,
             {"type": "response.content_part.done", **at, "part": part},
             {"type": "response.output_item.done", "output_index": 0, "item": message},
             {"type": "response.completed", "response": response},

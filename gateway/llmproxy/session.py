@@ -3,24 +3,35 @@ events the guard has not been fed yet.
 
 A session is the `X-Botbouncer-Session` header when the agent sends one.
 Otherwise it is a fingerprint of the conversation: the API, a digest of the
-credential, the opening (system prompt and first user turn) and the first
-answer (its tool calls' ids, unique to that answer, else its text). Two
-conversations that open alike part at their first answer, so they are never
-one session; the first request, before any answer, has no session yet (it has
-no tool events either), and its answer's usage goes to the session its
-history will name from then on.
+credential, the opening (system prompt and first user turn, without prompt
+caching's marks) and the first answer that called tools (those calls' ids,
+unique to that answer). Two conversations that open alike part at their
+first tool call, so they are never one session. Until then a conversation
+has no session: it has no tool events to feed, and the usage of its
+answers of text alone counts toward no budget (send the header to count
+it); the answer that first calls tools has its usage go to the session its
+history names from then on.
 
 An agent sends its whole history on every request. The events the guard has
 been fed are kept per session in the store (one value, the keys of the
-events in the last history, with the state TTL), so any replica feeds each
-tool call and result once. A Responses request that continues a stored
-response sends only its new items; `Chains` keeps each stored answer's
-session and tool calls, so the request is read as if it carried them.
+events in the last history and some of the histories before it, with the
+state TTL), so any replica feeds each tool call and result once. With them
+is the guard's verdict on the request that fed them when it was not
+`allow`, under a digest of that request's body: the same request sent again
+(an SDK retries a 5xx, a 429 or a time-out with the very same body) finds
+nothing new to feed, and gets that verdict again instead of going out as if
+nothing had been decided.
+
+A Responses request that continues a stored response sends only its new
+items; `Chains` keeps each stored answer's session and tool calls, so the
+request is read as if it carried them.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from typing import Any
 
 from gateway.guard.requests import check_session
 from gateway.llmproxy.wire import Dialect, Json, ToolEvent, digest
@@ -47,8 +58,47 @@ def fingerprint(dialect: Dialect, body: Json, credential: str, anchor: str | Non
     return PREFIX + digest(dialect.name, key, dialect.opening(body), anchor)[:40]
 
 
+@dataclass(frozen=True)
+class Held:
+    """The verdict on the request that fed a history, when it was not allow."""
+
+    request: str  # digest of the request's body
+    decision: str
+    reason: str
+    message: str
+
+    def applies_to(self, request: str) -> bool:
+        return self.request == request
+
+
+def _held(value: Any) -> Held | None:
+    if not isinstance(value, list) or len(value) != 4:
+        return None
+    if not all(isinstance(v, str) for v in value):
+        return None
+    return Held(*value)
+
+
+@dataclass
+class Fed:
+    """What a session's cursor says of a request's history."""
+
+    new: list[ToolEvent]  # its events the guard has not been fed, in history order
+    held: Held | None  # the verdict on the request that fed the last ones
+    earlier: list[str]  # the keys kept before, newest history first
+
+
 class Seen:
-    """The tool events of a session the guard has been fed."""
+    """The tool events of a session the guard has been fed, and its verdict
+    on the request that fed them (Held).
+
+    The keys kept are those of the last history, then up to EARLIER more
+    from the histories before it: one session may carry two histories in
+    turn (an agent and its sub-agent under one X-Botbouncer-Session), and a
+    history the agent trims or leaves still drops out, so the value stays
+    about one history's size."""
+
+    EARLIER = 256
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -57,18 +107,32 @@ class Seen:
     def _name(session: str) -> str:
         return f"llm:{session}"
 
-    async def new(self, session: str, events: list[ToolEvent]) -> list[ToolEvent]:
+    async def new(self, session: str, events: list[ToolEvent]) -> Fed:
         raw = await self.store.get_cursor(self._name(session))
         try:
-            seen = set(json.loads(raw)) if raw else set()
+            value = json.loads(raw) if raw else []
         except (ValueError, TypeError):
-            seen = set()
-        return [e for e in events if e.key not in seen]
+            value = []
+        held = None
+        if isinstance(value, dict):  # {"keys": [...], "held": [...]}
+            held = _held(value.get("held"))
+            value = value.get("keys")
+        keys = [k for k in value if isinstance(k, str)] if isinstance(value, list) else []
+        seen = set(keys)
+        return Fed([e for e in events if e.key not in seen], held, keys)
 
-    async def remember(self, session: str, events: list[ToolEvent]) -> None:
-        """The events of this history (not every one ever seen: a history the
-        agent trims forgets what it dropped, so the value stays its size)."""
-        await self.store.set_cursor(self._name(session), json.dumps([e.key for e in events]))
+    async def remember(
+        self, session: str, events: list[ToolEvent], fed: Fed, held: Held | None = None
+    ) -> None:
+        """The keys of this history, then the earlier ones it does not hold."""
+        keys = [e.key for e in events]
+        now = set(keys)
+        keys += [k for k in fed.earlier if k not in now][: self.EARLIER]
+        value: Any = keys
+        if held is not None:
+            value = {"keys": keys, "held": [held.request, held.decision, held.reason,
+                                            held.message]}  # fmt: skip
+        await self.store.set_cursor(self._name(session), json.dumps(value))
 
 
 class Chains:

@@ -43,6 +43,32 @@ class ToolEvent:
     args: Any = None
     ok: bool = True
     output: Any = None
+    call: str | None = None  # the call's id, which its result names too
+
+
+def in_call_order(events: list[ToolEvent]) -> list[ToolEvent]:
+    """Each result right after its own call. A history lists parallel calls
+    first and their results after (A B, then A's result and B's); the guard
+    gives a result to the newest call of its tool still without one, so fed
+    in that order two calls of one tool would swap results (A's answer
+    taken for B's). A result whose call is not among `events` keeps its
+    place."""
+    called = {e.call for e in events if e.kind == "step" and e.call is not None}
+    if not called:
+        return events
+    results: dict[str, list[ToolEvent]] = {}
+    for e in events:
+        if e.kind == "result" and e.call in called:
+            results.setdefault(e.call, []).append(e)
+    out: list[ToolEvent] = []
+    for e in events:
+        if e.kind == "step":
+            out.append(e)
+            if e.call is not None:
+                out.extend(results.pop(e.call, []))
+        elif e.call not in called:
+            out.append(e)
+    return out
 
 
 @dataclass
@@ -77,16 +103,32 @@ def digest(*parts: Any) -> str:
     return hashlib.sha256(text.encode("utf-8", "backslashreplace")).hexdigest()
 
 
+# A part's prompt-cache marker (Anthropic's, OpenAI's), which an agent moves
+# from request to request: not what the part holds.
+_CACHE_MARKERS = frozenset({"cache_control", "prompt_cache_breakpoint"})
+
+
 def text_of(content: Any) -> str:
-    """The text of a message's content: a string, or the text of its parts."""
+    """A tool result's content as the guard compares it: a string, or the
+    text of its parts with `[<type> <digest>]` in place of each part that has
+    no text (an image, a document, a file), its digest taken over the part's
+    JSON without its cache marker. Two results that differ only in a picture
+    differ; a result of text parts alone is their text joined."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        return "".join(
-            p.get("text", "") if isinstance(p, dict) and isinstance(p.get("text"), str) else ""
-            for p in content
-        )
-    return ""
+    if not isinstance(content, list):
+        return ""
+    out = []
+    for p in content:
+        if not isinstance(p, dict):
+            continue
+        if isinstance(p.get("text"), str):
+            out.append(p["text"])
+            continue
+        kind = p.get("type") if isinstance(p.get("type"), str) else "part"
+        held = {k: v for k, v in p.items() if k not in _CACHE_MARKERS}
+        out.append(f"[{kind} {digest(held)[:16]}]")
+    return "".join(out)
 
 
 def parse_arguments(arguments: Any) -> Any:
@@ -100,6 +142,11 @@ def parse_arguments(arguments: Any) -> Any:
     return arguments
 
 
+def id_of(call_id: Any) -> str | None:
+    """A call's id as the API gave it, None when it gave none."""
+    return call_id if isinstance(call_id, str) and call_id else None
+
+
 def key_of(kind: str, call_id: Any, position: int, *what: Any) -> str:
     """An event's key: its call id, which every API gives; without one, its
     position and content (a history is sent whole each time)."""
@@ -110,29 +157,45 @@ def key_of(kind: str, call_id: Any, position: int, *what: Any) -> str:
 
 class SseReader:
     """Splits a stream of bytes into SSE events as they complete, keeping each
-    event's raw bytes (with its end) and its `data` joined."""
+    event's raw bytes (with its end) and its `data` joined. An event that
+    arrives in many pieces costs time in proportion to its size: each piece
+    is appended to the unfinished event, and only the bytes not yet searched
+    are searched for its end."""
 
     def __init__(self) -> None:
-        self._buf = b""
+        self._buf = bytearray()  # the unfinished event
+        # Where the search for the event's end resumes. The bytes before it
+        # hold no end; the last 3 bytes searched are searched again, since an
+        # end (at most 4 bytes, \r\n\r\n) may be split across pieces.
+        self._from = 0
         self.broken = False
 
     def feed(self, chunk: bytes) -> list[tuple[bytes, str | None]]:
         if self.broken:
             return [(chunk, None)]
-        self._buf += chunk
+        buf = self._buf
+        buf += chunk
         start = 0
         events = []
-        for m in _EVENT_END.finditer(self._buf):
-            events.append((self._buf[start : m.end()], _data(self._buf[start : m.start()])))
+        m = _EVENT_END.search(buf, self._from)
+        while m is not None:
+            raw = bytes(buf[start : m.end()])
+            events.append((raw, _data(raw[: m.start() - start])))
             start = m.end()
-        self._buf = self._buf[start:]
-        if len(self._buf) > MAX_EVENT:  # not SSE: passed on as raw bytes from here
-            events.append((self._buf, None))
-            self.broken, self._buf = True, b""
+            m = _EVENT_END.search(buf, start)
+        del buf[:start]
+        self._from = max(0, len(buf) - 3)
+        if len(buf) > MAX_EVENT:  # not SSE: passed on as raw bytes from here
+            events.append((bytes(buf), None))
+            self.broken = True
+            buf.clear()
+            self._from = 0
         return events
 
     def rest(self) -> bytes:
-        rest, self._buf = self._buf, b""
+        rest = bytes(self._buf)
+        self._buf.clear()
+        self._from = 0
         return rest
 
 
@@ -219,21 +282,20 @@ class WholeTap(Tap):
 
 @dataclass
 class Anchor:
-    """What the first answer of a conversation said, as the fingerprint takes it:
-    its tool calls' ids (unique per answer), else a digest of its text, else
-    of its tool calls (a server that gives no ids, and no text)."""
+    """What the conversation's first answer with tool calls asked for, as the
+    fingerprint takes it: the calls' ids (unique to that answer), else (a
+    server that gives no ids) a digest of the calls. An answer of text alone
+    anchors nothing: two conversations that open alike are often answered
+    alike word for word ("Hi" has a stock greeting), and would be one
+    session."""
 
     ids: list[str] = field(default_factory=list)
-    text: list[str] = field(default_factory=list)
     # (name, arguments) of tool calls without ids, as a last resort
     calls: list[tuple[str, str]] = field(default_factory=list)
 
     def value(self) -> str | None:
         if self.ids:
             return "ids:" + ",".join(self.ids)
-        text = "".join(self.text)
-        if text:
-            return "text:" + digest(text)
         return "calls:" + digest(self.calls) if self.calls else None
 
 
@@ -256,7 +318,8 @@ class Dialect(ABC):
 
     @abstractmethod
     def anchor(self, body: Json) -> str | None:
-        """The history's first answer as Anchor.value() says it, or None."""
+        """The history's first answer with tool calls as Anchor.value() says
+        it, or None."""
 
     @abstractmethod
     def with_note(self, body: Json, note: str, disable_tools: bool) -> Json:

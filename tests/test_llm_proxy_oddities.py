@@ -1,0 +1,265 @@
+"""The LLM proxy against what agents really send that the plain tool loop
+does not: the same request again after an error, parallel calls of one
+tool, one session over two histories, odd paths. Each test here was a loop
+let through, a legitimate agent stopped, or a request sent where it should
+not go, before the fix it names."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gateway.llmproxy.openai import OpenAI
+from gateway.llmproxy.wire import in_call_order
+from tests.fakes.llm import FakeLLM, answer, status
+from tests.llm_proxy import proxy_daemon, raw_post
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+]
+
+
+def call(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    return {"id": call_id, "type": "function",
+            "function": {"name": name, "arguments": json.dumps(args)}}  # fmt: skip
+
+
+def weather_history(turns: int) -> dict[str, Any]:
+    """A chat agent asking for the same weather `turns` times, each answered."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Weather in Brest?"}]
+    for i in range(1, turns + 1):
+        asked = call(f"call_{i}", "get_weather", {"city": "Brest"})
+        messages.append({"role": "assistant", "content": None, "tool_calls": [asked]})
+        messages.append({"role": "tool", "tool_call_id": f"call_{i}", "content": '{"sky":"grey"}'})
+    return {"model": "m", "messages": messages, "tools": TOOLS}
+
+
+async def test_a_blocked_request_sent_again_is_blocked_again() -> None:
+    # Breaks if a request the guard blocked (tools disabled) goes out with
+    # tools on when the agent's SDK sends it again after an upstream error:
+    # every event of it was marked fed, so the retry had nothing new and
+    # was forwarded untouched, the loop going on. A request that moves the
+    # conversation on is judged afresh (tools on again).
+    async with FakeLLM() as llm:
+        llm.then(*(answer("fine") for _ in range(3)), status(500))
+        llm.default = answer("fine")
+        async with proxy_daemon(llm, "memory://", None) as (_, url):
+            route = f"{url}/llm/openai/v1/chat/completions"
+            headers = {"Authorization": "Bearer sk-test"}
+            for turns in (1, 2, 3):
+                assert (await raw_post(route, weather_history(turns), **headers))[0] == 200
+            blocked = weather_history(4)
+            code, said, _, _ = await raw_post(route, blocked, **headers)
+            assert code == 500 and said["X-Botbouncer-Guard"] == "block identical_call"
+            code, said, _, _ = await raw_post(route, blocked, **headers)  # the SDK's retry
+            assert code == 200 and said["X-Botbouncer-Guard"] == "block identical_call"
+            retried = llm.calls[-1].body
+            moved_on = weather_history(4)
+            moved_on["messages"] += [{"role": "assistant", "content": "Grey."},
+                                     {"role": "user", "content": "And tomorrow?"}]  # fmt: skip
+            code, said, _, _ = await raw_post(route, moved_on, **headers)
+            assert code == 200 and "X-Botbouncer-Guard" not in said
+    assert llm.calls[3].body["tool_choice"] == "none"  # the blocked request, answered 500
+    assert retried["tool_choice"] == "none"
+    assert retried["messages"][-1]["content"].startswith("botbouncer (loop guard): You called")
+    assert "tool_choice" not in llm.calls[-1].body
+
+
+def parallel_history(turns: int) -> dict[str, Any]:
+    """Two jobs polled in one turn, in parallel: A queued (the same answer
+    every time), B progressing."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Wait for jobs A and B."}]
+    for t in range(1, turns + 1):
+        calls = [call(f"call_{t}_{job}", "job_status", {"job": job}) for job in "AB"]
+        messages.append({"role": "assistant", "content": None, "tool_calls": calls})
+        for job in "AB":
+            said = json.dumps({"job": job, "progress": 0 if job == "A" else 7 * t})
+            messages.append({"role": "tool", "tool_call_id": f"call_{t}_{job}", "content": said})
+    return {"model": "m", "messages": messages, "tools": TOOLS}
+
+
+def test_parallel_results_follow_their_own_calls() -> None:
+    # Breaks if the events of parallel calls are fed as the history lists
+    # them (both calls, then both results): the guard gives a result to the
+    # newest call of its tool still without one, so A's answer was taken
+    # for B's.
+    events = in_call_order(OpenAI().tool_events(parallel_history(1)))
+    assert [(e.kind, e.call) for e in events] == [
+        ("step", "call_1_A"), ("result", "call_1_A"), ("step", "call_1_B"), ("result", "call_1_B"),
+    ]  # fmt: skip
+
+
+async def test_parallel_polls_of_one_tool_are_judged_as_the_same_polls_one_a_turn() -> None:
+    # Breaks if a result is recorded against the wrong one of two parallel
+    # calls of one tool: the guard then saw one job's call answered with the
+    # other's progress and blocked a legitimate wait (tool_cycle on the 3rd
+    # turn). Polled in parallel or one call a turn, the verdicts are the same.
+    async with FakeLLM() as llm:
+        llm.default = answer("waiting")
+        async with proxy_daemon(llm, "memory://", None) as (d, url):
+            route = f"{url}/llm/openai/v1/chat/completions"
+            verdicts = []
+            for turns in range(1, 7):
+                _, said, _, _ = await raw_post(route, parallel_history(turns),
+                                               **{"X-Botbouncer-Session": "jobs"})  # fmt: skip
+                verdicts.append(said.get("X-Botbouncer-Guard", "allow"))
+            state = await d.guard.state("jobs")
+    assert not [v for v in verdicts if v.startswith("block")], verdicts
+    assert state is not None
+    results = [c["result"] for c in state["recent_calls"]]
+    assert None not in results
+    assert len(set(results[0::2])) == 1  # job A: the same answer every time
+    assert len(set(results[1::2])) == 6  # job B: a new one every time
+
+
+def searches(prefix: str, queries: list[str]) -> dict[str, Any]:
+    """A history of one search per turn, each call's id its own."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": f"{prefix}: find things"}]
+    for i, query in enumerate(queries):
+        asked = call(f"call_{prefix}_{i}", "search", {"q": query})
+        messages.append({"role": "assistant", "content": None, "tool_calls": [asked]})
+        messages.append({"role": "tool", "tool_call_id": asked["id"], "content": f"on {query}"})
+    return {"model": "m", "messages": messages, "tools": TOOLS}
+
+
+async def test_two_histories_under_one_session_are_each_fed_once() -> None:
+    # Breaks if the session keeps only the last history's events: an agent
+    # and the sub-agent it runs, in turn under one X-Botbouncer-Session, had
+    # each switch feed the other's whole history again, counting distinct
+    # calls many times over until a false tool_call_limit.
+    async with FakeLLM() as llm:
+        llm.default = answer("ok")
+        async with proxy_daemon(llm, "memory://", None) as (d, url):
+            route = f"{url}/llm/openai/v1/chat/completions"
+            session = {"X-Botbouncer-Session": "run-42"}
+            done: list[str] = []
+            for turn in range(1, 9):
+                done.append(f"city {turn}")
+                _, said, _, _ = await raw_post(route, searches("main", done), **session)
+                assert "block" not in said.get("X-Botbouncer-Guard", "")
+                sub = searches(f"sub{turn}", [f"topic {turn}"])
+                _, said, _, _ = await raw_post(route, sub, **session)
+                assert "block" not in said.get("X-Botbouncer-Guard", "")
+            state = await d.guard.state("run-42")
+    assert state is not None and state["steps"] == 8 + 8
+
+
+SUPPORT = {"role": "system", "content": "You are Acme's support assistant."}
+GREETING = "Hello! How can I assist you today?"
+
+
+def chat(turns: list[str]) -> dict[str, Any]:
+    """A support chat that opened with "Hi" and the stock greeting."""
+    messages = [SUPPORT, {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": GREETING}]  # fmt: skip
+    return {"model": "m", "messages": messages + [{"role": "user", "content": t} for t in turns]}
+
+
+async def test_two_chats_answered_alike_are_never_one_session() -> None:
+    # Breaks if a conversation is named by its first answer's text: two users
+    # of one chatbot who both say "Hi" get the same greeting word for word,
+    # were one session, and one's spending was the other's 429.
+    async with FakeLLM() as llm:
+        llm.default = answer("Sure.", usage=(4000, 500))
+        async with proxy_daemon(llm, "memory://", None, budget={"tokens": 20000}) as (_, url):
+            route = f"{url}/llm/openai/v1/chat/completions"
+            key = {"Authorization": "Bearer sk-acme"}
+            alice = ["My order 1234 has not arrived."]
+            for i in range(5):
+                code, said, _, _ = await raw_post(route, chat(alice), **key)
+                assert code == 200 and "X-Botbouncer-Session" not in said
+                alice.append(f"Still nothing ({i})")
+            code, said, _, _ = await raw_post(route, chat(["How do I reset my password?"]), **key)
+    assert code == 200 and "X-Botbouncer-Session" not in said
+
+
+async def test_prompt_caching_marks_do_not_move_a_conversation_to_another_session() -> None:
+    # Breaks if the opening the fingerprint reads keeps Anthropic's
+    # cache_control marks, which the caching pattern moves from turn to
+    # turn: the first answer's usage went to a session never used again.
+    from tests.fakes.llm import tool_call
+
+    async with FakeLLM() as llm:
+        llm.then(tool_call("read", {"path": "a.py"}, id="toolu_A1", usage=(5000, 100)))
+        llm.default = answer("done", usage=(5000, 100))
+        async with proxy_daemon(llm, "memory://", None) as (d, url):
+            route = f"{url}/llm/anthropic/v1/messages"
+            headers = {"x-api-key": "k", "anthropic-version": "2023-06-01"}
+            cached = {"type": "ephemeral"}
+            ask = {"type": "text", "text": "Fix the bug in a.py"}
+            first = [{"role": "user", "content": [{**ask, "cache_control": cached}]}]
+            await raw_post(route, {"model": "c", "max_tokens": 9, "messages": first}, **headers)
+            used = {"type": "tool_use", "id": "toolu_A1", "name": "read", "input": {"path": "a.py"}}
+            result = {"type": "tool_result", "tool_use_id": "toolu_A1", "content": "print(1)",
+                      "cache_control": cached}  # fmt: skip
+            second = [{"role": "user", "content": [ask]}, {"role": "assistant", "content": [used]},
+                      {"role": "user", "content": [result]}]  # fmt: skip
+            _, said, _, _ = await raw_post(
+                route, {"model": "c", "max_tokens": 9, "messages": second}, **headers
+            )
+            state = await d.guard.state(said["X-Botbouncer-Session"])
+    assert state is not None and state["spent"]["tokens"] == 2 * 5100
+
+
+async def test_block_mode_stop_in_a_conversation_the_upstream_keeps_asks_the_model() -> None:
+    # Breaks if block_mode stop answers a Responses request that continues a
+    # stored response with an answer written here: the upstream never held
+    # that response, and the agent's next turn was refused there. The model
+    # is asked with tools off instead.
+    from tests.fakes.llm import repeat_tool_call
+    from tests.llm_proxy import openai_client, responses_agent
+
+    async with FakeLLM() as llm:
+        llm.default = repeat_tool_call("get_weather", {"city": "Brest"}, otherwise="Grey.")
+        async with proxy_daemon(llm, "memory://", None, block_mode="stop") as (_, url):
+            client = openai_client(f"{url}/llm/openai/v1")
+            answer_text, ran = await responses_agent(client, "Brest?", chained=True)
+    assert (answer_text, ran) == ("Grey.", 4)
+    assert llm.calls[-1].tool_choice == "none"
+
+
+async def test_paths_reach_the_upstream_as_sent_and_never_above_its_base() -> None:
+    # Breaks if the proxy forwards the decoded path: an escaped `?` or `#`
+    # in a file id became a query or cut the path, `%2E%2E` climbed out of
+    # the upstream's base path (with a configured key attached), and
+    # `/v1/./chat/completions` reached the model route unguarded.
+    import aiohttp
+    from yarl import URL
+
+    async with FakeLLM() as llm:
+        llm.default = answer("fine")
+        async with proxy_daemon(llm, "memory://", None) as (_, url):
+            got = []
+            async with aiohttp.ClientSession() as http:
+                for path in ("/v1/files/file-abc%3Fpurpose=x", "/v1/files/a%23b/content",
+                             "/v1/%2E%2E/%2E%2E/admin/keys", "/v1/../admin"):  # fmt: skip
+                    target = URL(f"{url}/llm/openai{path}", encoded=True)
+                    async with http.get(target) as resp:
+                        got.append((resp.status, llm.calls[-1].path if llm.calls else None))
+                dotted = URL(f"{url}/llm/openai/v1/./chat/completions", encoded=True)
+                for _ in range(5):
+                    async with http.post(dotted, json=weather_history(5)) as resp:
+                        guard = resp.headers.get("X-Botbouncer-Guard")
+    assert got[0] == (404, "/v1/files/file-abc?purpose=x")  # one segment, as the fake decodes it
+    assert got[1] == (404, "/v1/files/a#b/content")
+    assert [status for status, _ in got[2:]] == [400, 400]
+    assert len([c for c in llm.calls if "admin" in c.path]) == 0
+    assert guard == "block identical_call"
+
+
+async def test_a_session_under_another_profile_is_not_asked_again_by_the_sdks() -> None:
+    # Breaks if the 409 for a session held under another guard profile lets
+    # the SDKs retry it (they retry 409 unless told not to): the same answer
+    # three times over, a second and more later.
+    async with FakeLLM() as llm:
+        llm.default = answer("fine")
+        async with proxy_daemon(llm, "memory://", None) as (d, url):
+            limits = d.guard._limits["default"]
+            await d.guard.engine.run("taken", "usage", limits, {"usd": 0, "tok": 0}, "other", None)
+            route = f"{url}/llm/openai/v1/chat/completions"
+            code, said, body, _ = await raw_post(
+                route, weather_history(1), **{"X-Botbouncer-Session": "taken"}
+            )
+    assert code == 409 and said["x-should-retry"] == "false"
+    assert json.loads(body)["error"]["code"] == "guard_conflict"
+    assert llm.count == 0
