@@ -16,6 +16,7 @@ from gateway.config import Config, ConfigError, load_config
 from gateway.redact import redact
 
 EXIT_USAGE = 2
+MCP_LISTEN = "127.0.0.1:8090"  # mcp-proxy --upstream's default --listen
 
 
 def _fail(message: str) -> int:
@@ -43,8 +44,7 @@ def _check_config(args: argparse.Namespace) -> int:
                 problems.append(f"bots[{i}].backend.callable: {exc}")
     if problems:
         return _fail(f"{args.config}: invalid configuration\n" + "\n".join(problems))
-    bots = ", ".join(f"{b.name} ({b.platform})" for b in config.bots)
-    print(f"{args.config}: ok - store {config.store.scheme}, bots: {bots}")
+    print(f"{args.config}: ok - store {config.store.scheme}, {config.served()}")
     for note in notes(config):
         print(f"note: {note}")
     return 0
@@ -187,15 +187,21 @@ def _mcp_proxy(args: argparse.Namespace) -> int:
     from gateway.logs import setup_logging
 
     command = args.server[1:] if args.server[:1] == ["--"] else args.server
-    if bool(command) == bool(args.upstream):
+    if not command and not args.upstream:
+        return _fail("mcp-proxy: no MCP server given: the server to start (-- CMD ARGS...) "
+                     "or --upstream URL")  # fmt: skip
+    if command and args.upstream:
         return _fail("mcp-proxy: give the server to start (-- CMD ARGS...) or --upstream URL, "
                      "not both")  # fmt: skip
+    if args.listen is not None and not args.upstream:
+        return _fail("mcp-proxy: --listen goes with --upstream URL; a server started with "
+                     "-- CMD ARGS is spoken to over the proxy's stdin and stdout")  # fmt: skip
     try:
         config = load_config(args.config) if args.config else mcp_defaults()
     except ConfigError as exc:
         return _fail(f"{args.config}: invalid configuration\n{exc}")
     try:
-        listen = _split_listen(args.listen)
+        listen = _split_listen(args.listen or MCP_LISTEN)
         if args.upstream:
             check_http_url(args.upstream)
         if args.session is not None:
@@ -273,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     mcp = sub.add_parser(
         "mcp-proxy",
         help="the agent guard in front of an MCP server (stdio, or streamable HTTP)",
-        usage="botbouncer mcp-proxy [-c FILE] [--session S] [--profile P] "
+        usage="botbouncer mcp-proxy [-c FILE] [--session S] [--profile P] [--log-level LEVEL] "
         "(-- CMD ARGS... | --upstream URL [--listen HOST:PORT])",
     )
     mcp.add_argument("-c", "--config", metavar="FILE",
@@ -285,10 +291,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mcp.add_argument("--upstream", metavar="URL",
                      help="a streamable HTTP MCP server's URL, to serve in front of")  # fmt: skip
-    mcp.add_argument("--listen", default="127.0.0.1:8090", metavar="HOST:PORT",
-                     help="with --upstream: where to listen (default 127.0.0.1:8090)")  # fmt: skip
-    mcp.add_argument("--log-level", default="warning",
-                     choices=["debug", "info", "warning", "error"])  # fmt: skip
+    mcp.add_argument("--listen", metavar="HOST:PORT",
+                     help=f"with --upstream: where to listen (default {MCP_LISTEN})")  # fmt: skip
+    mcp.add_argument("--log-level", default="warning", metavar="LEVEL",
+                     choices=["debug", "info", "warning", "error"],
+                     help="debug, info, warning (default) or error; on stderr")  # fmt: skip
     mcp.add_argument("server", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
                      help="the stdio MCP server to start and relay to")  # fmt: skip
     mcp.set_defaults(func=_mcp_proxy)

@@ -363,8 +363,7 @@ async def serve(
     # message or two; the few cycles (tracebacks, futures) wait a little
     # longer (measured in bench/README.md, "Third pass").
     gc.set_threshold(GC_YOUNG, *gc.get_threshold()[1:])
-    bots = ", ".join(f"{b.name} ({b.platform})" for b in config.bots)
-    log.info("botbouncer listening on %s - store %s - bots: %s", url, daemon.store.kind, bots)
+    log.info("botbouncer listening on %s - store %s - %s", url, daemon.store.kind, config.served())
     if on_ready is not None:
         on_ready(url)
     try:

@@ -355,3 +355,40 @@ def test_the_example_config_ships_in_the_package() -> None:
 
     shipped = (resources.files("gateway") / "config.example.yml").read_text(encoding="utf-8")
     assert shipped == EXAMPLE.read_text()  # the repository's is a link to it
+
+
+LLM_ONLY = "llm_proxy:\n  openai: {}\n  anthropic: {path: /llm/claude}\n"
+
+
+def test_check_config_says_an_llm_proxy_is_served(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Breaks if a config with only an llm_proxy section is said to serve
+    # `bots: ` (nothing) instead of the proxy's routes.
+    res = check(capsys, write(tmp_path, LLM_ONLY))
+    assert res.code == 0, res.err
+    assert res.out.endswith(": ok - store memory, llm proxy: /llm/openai, /llm/claude\n")
+    res = check(capsys, write(tmp_path, BOT + LLM_ONLY))
+    assert res.out.endswith(": ok - store memory, bots: helper (http); llm proxy: /llm/openai, "
+                            "/llm/claude\n")  # fmt: skip
+    res = check(capsys, write(tmp_path, "mcp_proxy: {}\n"))
+    assert res.out.endswith(": ok - store memory, bots: none\n")
+
+
+def test_the_daemon_says_at_start_that_its_llm_proxy_is_served(tmp_path: Path) -> None:
+    # Breaks if the start-up line of a daemon serving only the LLM proxy
+    # says `bots: ` (nothing) instead of the proxy's routes.
+    from tests.redis_server import free_port
+
+    config = write(tmp_path, LLM_ONLY + f"http: {{listen: '127.0.0.1:{free_port()}'}}\n")
+    process = subprocess.Popen([sys.executable, "-m", "gateway", "run", "-c", str(config)],
+                               cwd=REPO, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert process.stderr is not None
+    try:
+        line = process.stderr.readline()
+        while line and "listening on" not in line:
+            line = process.stderr.readline()
+    finally:
+        process.terminate()
+        process.communicate(timeout=30)
+    assert line.rstrip().endswith(" - store memory - llm proxy: /llm/openai, /llm/claude"), line

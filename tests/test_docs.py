@@ -5,9 +5,13 @@ for writers):
 
 - ```sh blocks are run. A block of `curl` commands (and `NAME=value` lines)
   is sent with aiohttp to a daemon started in this process; any other block
-  runs in bash from the repository's root with `.venv/bin` first on PATH, its
-  stdout and stderr together. `localhost:8080` is rewritten to the daemon's
-  free port on 127.0.0.1, and `$BOTBOUNCER_URL` is set to its URL.
+  runs in bash from the repository's root, its stdout and stderr together,
+  with PATH as a reader from a clone has it: without `.venv/bin` (so an
+  example runs `.venv/bin/python`, not `python`), unless the block runs the
+  `botbouncer` command (installed by pip, or the virtualenv activated).
+  A ```python block runs in the Python running the tests.
+  `localhost:8080` is rewritten to the daemon's free port on 127.0.0.1, and
+  `$BOTBOUNCER_URL` is set to its URL.
 - The ```json or ```text block right after a run block is its expected
   output. In it `…` is a wildcard: inside a JSON string it stands for any
   characters (`"in-…"` matches any generated id), as a bare JSON value it
@@ -308,9 +312,24 @@ async def run_curl(text: str, env: Env, session: aiohttp.ClientSession) -> str:
     return "\n".join(out)
 
 
+_BOTBOUNCER = re.compile(r"(?<![\w./-])botbouncer(?![\w.-])")
+
+
+def reader_path(text: str) -> str:
+    """PATH for a block: the tests' own PATH without the virtualenv's bin,
+    which `make install` does not put on a reader's PATH; with it first for a
+    block that runs `botbouncer`, which the docs take as installed."""
+    venvs = {os.path.realpath(ROOT / ".venv" / "bin")}
+    if sys.prefix != sys.base_prefix:  # the tests run in a virtualenv: its bin too
+        venvs.add(os.path.realpath(Path(sys.executable).parent))
+    path = [p for p in os.environ["PATH"].split(os.pathsep) if os.path.realpath(p) not in venvs]
+    if _BOTBOUNCER.search(text):
+        path[:0] = [str(ROOT / ".venv" / "bin"), str(Path(sys.executable).parent)]
+    return os.pathsep.join(path)
+
+
 async def run_shell(text: str, env: Env) -> tuple[int, str]:
-    path = f"{ROOT / '.venv' / 'bin'}{os.pathsep}{Path(sys.executable).parent}"
-    proc_env = {**os.environ, **env.vars, "PATH": f"{path}{os.pathsep}{os.environ['PATH']}"}
+    proc_env = {**os.environ, **env.vars, "PATH": reader_path(text)}
     if env.url:
         proc_env["BOTBOUNCER_URL"] = env.url  # what docs/examples/relay.py talks to
     proc = await asyncio.create_subprocess_exec(
@@ -351,7 +370,8 @@ async def test_every_example_runs_as_shown(path: Path) -> None:
                         assert step.expected or code == 0, f"{where}: exit {code}\n{output}"
                     check_output(step, output, where)
                 elif step.lang == "python":
-                    code, output = await run_shell(f"python - <<'EOF'\n{step.text}EOF\n", env)
+                    python = shlex.quote(sys.executable)
+                    code, output = await run_shell(f"{python} - <<'EOF'\n{step.text}EOF\n", env)
                     assert step.expected or code == 0, f"{where}: exit {code}\n{output}"
                     check_output(step, output, where)
                 elif step.lang == "yaml":

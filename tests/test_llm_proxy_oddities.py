@@ -261,5 +261,85 @@ async def test_a_session_under_another_profile_is_not_asked_again_by_the_sdks() 
                 route, weather_history(1), **{"X-Botbouncer-Session": "taken"}
             )
     assert code == 409 and said["x-should-retry"] == "false"
-    assert json.loads(body)["error"]["code"] == "guard_conflict"
+    assert said["X-Botbouncer-Error"] == "guard_conflict"  # Anthropic's shape has no code
+    error = json.loads(body)["error"]
+    assert error["code"] == "guard_conflict" and "X-Botbouncer-Session" in error["message"]
+    assert "?profile=" not in error["message"]  # the guard API's advice, not an SDK's
+    assert d.metrics.llm_requests.labels("openai", "guard_conflict")._value.get() == 1
     assert llm.count == 0
+
+
+async def test_a_long_history_and_a_short_one_in_turn_are_each_fed_once() -> None:
+    # Breaks if the keys kept of the history before the last are cut oldest
+    # last: a main agent's history of 140 calls (280 events) beside a
+    # sub-agent's had its oldest events fed again at every switch.
+    from gateway.llmproxy.session import Seen
+    from gateway.store import open_store
+
+    def history(prefix: str, calls: int) -> list[Any]:
+        return OpenAI().tool_events(searches(prefix, [f"q{i}" for i in range(calls)]))
+
+    seen = Seen(open_store("memory://"))
+    fed_counts = []
+    for events in (history("main", 140), history("sub", 1), history("main", 141),
+                   history("sub", 2), history("main", 142)):  # fmt: skip
+        fed = await seen.new("s", events)
+        fed_counts.append(len(fed.new))
+        await seen.remember("s", events, fed)
+    assert fed_counts == [280, 2, 2, 2, 2]
+
+
+async def test_a_verdict_held_for_a_retry_ends_with_the_session() -> None:
+    # Breaks if the verdict kept for a retry of a blocked request outlives
+    # the guard session (DELETE /v1/guard/<session>): the same request was
+    # refused for good, while the guard had nothing left to say.
+    async with FakeLLM() as llm:
+        llm.default = answer("fine")
+        async with proxy_daemon(llm, "memory://", None) as (d, url):
+            route = f"{url}/llm/openai/v1/chat/completions"
+            session = {"X-Botbouncer-Session": "run-9"}
+            for turns in (1, 2, 3, 4):
+                _, said, _, _ = await raw_post(route, weather_history(turns), **session)
+            assert said["X-Botbouncer-Guard"] == "block identical_call"
+            await d.guard.reset("run-9")  # what DELETE /v1/guard/run-9 does
+            _, said, _, _ = await raw_post(route, weather_history(4), **session)
+    assert "X-Botbouncer-Guard" not in said
+    assert "tool_choice" not in llm.calls[-1].body
+
+
+async def test_custom_tool_calls_of_chat_completions_are_guarded() -> None:
+    # Breaks if the proxy reads only function tool calls: a custom
+    # (free-form) tool called the same way again and again was never fed.
+    def custom_history(turns: int) -> dict[str, Any]:
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "Sales by region?"}]
+        for i in range(1, turns + 1):
+            query = {"name": "run_sql", "input": "SELECT region, sum(x) FROM s"}
+            asked = {"id": f"call_{i}", "type": "custom", "custom": query}
+            messages.append({"role": "assistant", "content": None, "tool_calls": [asked]})
+            messages.append({"role": "tool", "tool_call_id": f"call_{i}", "content": "0 rows"})
+        tools = [{"type": "custom", "custom": {"name": "run_sql"}}]
+        return {"model": "m", "messages": messages, "tools": tools}
+
+    async with FakeLLM() as llm:
+        llm.default = answer("fine")
+        async with proxy_daemon(llm, "memory://", None) as (_, url):
+            route = f"{url}/llm/openai/v1/chat/completions"
+            verdicts = []
+            for turns in (1, 2, 3, 4):
+                _, said, _, _ = await raw_post(
+                    route, custom_history(turns), **{"X-Botbouncer-Session": "sql"}
+                )
+                verdicts.append(said.get("X-Botbouncer-Guard", "allow"))
+    assert verdicts == ["allow", "allow", "warn identical_call", "block identical_call"]
+
+
+def test_prompt_caching_marks_leave_an_openai_opening_as_it_was() -> None:
+    # Breaks if the OpenAI dialect's opening keeps cache_control marks (sent
+    # through gateways to Claude models), which move from turn to turn: the
+    # first tool-calling answer's usage went to a session never used again.
+    plain = [{"type": "text", "text": "Fix a.py"}]
+    marked = [{**plain[0], "cache_control": {"type": "ephemeral"}}]
+    opening = OpenAI().opening
+    assert opening({"messages": [{"role": "user", "content": marked}]}) == opening(
+        {"messages": [{"role": "user", "content": plain}]}
+    )

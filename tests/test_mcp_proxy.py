@@ -364,26 +364,24 @@ async def test_sdk_client_looping_is_warned_then_blocked_and_server_runs_three_t
     assert not made.is_error and made.structured_content == {"result": 3}
 
 
-async def test_a_warning_only_a_result_raises_comes_with_the_next_successful_result(
+async def test_a_warning_only_a_result_raises_comes_with_the_next_result(
     tmp_path: Path,
 ) -> None:
     # Breaks if a warning raised by recording a result (no_progress here) is
     # lost, added to a result it was not raised for before its turn, or added
     # more than once. A result is recorded after its answer is relayed, so
-    # the warning rides on the next successful result.
+    # the warning rides on the next result, a failure too: a model whose
+    # calls fail needs it most.
     async with stdio_session(proxied(counter=tmp_path / "count")) as client:
         waits = [await client.call_tool("wait", {"seconds": s}) for s in (0, 0.001, 0.002)]
         failed = await client.call_tool("fail", {"reason": "disk full"})
-        carried = await client.call_tool("search", {"query": "tide tables"})
-        plain = await client.call_tool("search", {"query": "moon phases"})
+        plain = await client.call_tool("search", {"query": "tide tables"})
     assert [texts(w) for w in waits] == [["waited"]] * 3
-    assert failed.is_error and len(failed.content) == 1  # not on a failure: the next success
-    assert texts(carried) == [
-        "no results for tide tables",
+    assert failed.is_error and texts(failed)[1:] == [
         NOTE + "wait returned the same result 3 times in a row. Calling it again will not "
-        "change it: act on the result or move on.",
+        "change it: act on the result or move on."
     ]
-    assert texts(plain) == ["no results for moon phases"]
+    assert texts(plain) == ["no results for tide tables"]
 
 
 def call_line(rid: int, query: str) -> bytes:

@@ -117,6 +117,18 @@ class Config(Model):
             {"bots": [{"name": "bot", "platform": "http", "backend": {"type": "echo"}}]}
         )
 
+    def served(self) -> str:
+        """What the daemon serves besides the guard, for check-config and the
+        start-up log: `bots: a (http), b (discord); llm proxy: /llm/openai`."""
+        parts = []
+        if self.bots or self.llm_proxy is None:
+            bots = ", ".join(f"{b.name} ({b.platform})" for b in self.bots)
+            parts.append(f"bots: {bots or 'none'}")
+        if self.llm_proxy is not None:
+            paths = ", ".join(api.path for _, api in self.llm_proxy.apis())
+            parts.append(f"llm proxy: {paths or 'none (neither openai nor anthropic is set)'}")
+        return "; ".join(parts)
+
     def bot(self, name: str) -> BotConfig:
         for bot in self.bots:
             if bot.name == name:

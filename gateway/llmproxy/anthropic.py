@@ -22,6 +22,7 @@ from gateway.llmproxy.wire import (
     messages,
     objects,
     text_of,
+    uncached,
 )
 
 # The error `type` of a status, beside the API's own fallbacks (api_error for
@@ -43,18 +44,6 @@ def _usage(tap: Tap, usage: Json) -> None:
     if "output_tokens" in usage:
         tap.usage.output_tokens = count(usage.get("output_tokens"))  # cumulative in a stream
     tap.usage.seen = True
-
-
-def _uncached(content: Any) -> Any:
-    """Content without its blocks' `cache_control` marks: prompt caching
-    moves them from turn to turn (the last user turn holds one), and the
-    opening of one conversation must read the same on every request."""
-    if not isinstance(content, list):
-        return content
-    return [
-        {k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, dict) else b
-        for b in content
-    ]
 
 
 def _anchor_blocks(anchor: Anchor, blocks: list[Json]) -> None:
@@ -136,11 +125,11 @@ class Anthropic(Dialect):
         return events
 
     def opening(self, body: Json) -> Any:
-        opening: list[Any] = [["system", _uncached(body.get("system"))]]
+        opening: list[Any] = [["system", uncached(body.get("system"))]]
         for m in messages(body):
             if m.get("role") == "assistant":
                 break
-            opening.append([m.get("role"), _uncached(m.get("content"))])
+            opening.append([m.get("role"), uncached(m.get("content"))])
         return opening
 
     def anchor(self, body: Json) -> str | None:

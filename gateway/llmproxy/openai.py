@@ -26,6 +26,7 @@ from gateway.llmproxy.wire import (
     objects,
     parse_arguments,
     text_of,
+    uncached,
     with_key,
 )
 
@@ -39,8 +40,15 @@ def _calls(message: Json) -> list[Json]:
 
 
 def _function(call: Json) -> Json:
+    """A tool call's name and arguments: a function's, or a custom tool's
+    (`{"type": "custom", "custom": {"name", "input"}}`, its input free text)."""
     fn = call.get("function")
-    return fn if isinstance(fn, dict) else {}
+    if isinstance(fn, dict):
+        return fn
+    custom = call.get("custom")
+    if call.get("type") == "custom" and isinstance(custom, dict):
+        return {"name": custom.get("name"), "arguments": custom.get("input")}
+    return {}
 
 
 class OpenAIStreamTap(Tap):
@@ -167,7 +175,7 @@ class OpenAI(Dialect):
         for m in messages(body):
             if m.get("role") == "assistant":
                 break
-            opening.append([m.get("role"), m.get("content")])
+            opening.append([m.get("role"), uncached(m.get("content"))])
         return opening
 
     def anchor(self, body: Json) -> str | None:

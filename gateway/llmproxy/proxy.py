@@ -31,6 +31,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -69,6 +70,7 @@ log = logging.getLogger("botbouncer.llm_proxy")
 _HOP = HOP_BY_HOP | {sessions.HEADER.lower()}
 _KEYS = frozenset({"authorization", "x-api-key", "api-key"})
 GUARD_HEADER = "X-Botbouncer-Guard"
+ERROR_HEADER = "X-Botbouncer-Error"  # on an error the proxy answers itself: its code
 NOTE = "botbouncer (loop guard): "
 TOOLS_OFF = " Tools are disabled for this answer: answer the user now with what you have."
 # On an answer the same request cannot change: the SDKs retry 408, 409, 429
@@ -87,6 +89,10 @@ class Verdict:
     # The events fed, being saved while the request goes on (awaited before
     # the answer ends: the session's next request finds them saved).
     saving: asyncio.Task[None] | None = None
+
+
+# What may follow a priced model's name in a dated one: -2025-09-29, -20250929, -latest.
+_DATED = re.compile(r"-(?:\d{4}-\d{2}-\d{2}|\d{8}|latest)")
 
 
 def _tails(raw_path: str, prefix: str) -> tuple[str, str] | None:
@@ -144,6 +150,7 @@ class LlmProxy:
         self.metrics = metrics
         self.paths = {name: api.path for name, api in config.apis()}  # fixed until restart
         self._client: aiohttp.ClientSession | None = None
+        self._unpriced: set[str] = set()  # models warned of once
 
     def configure(self, config: LlmProxyConfig) -> None:
         """A reload: everything but the paths (and which APIs are served) applies."""
@@ -244,6 +251,8 @@ class LlmProxy:
         try:
             session = sessions.given(request.headers.get(sessions.HEADER))
         except ValueError as exc:
+            self._count(dialect.name, "invalid_session")
+            log.info("llm proxy %s: %s", dialect.name, exc)
             return self._error(dialect, 400, str(exc), "invalid_session")
         read = body  # as its tool events are read
         previous = dialect.continues(body)
@@ -261,7 +270,12 @@ class LlmProxy:
                         "unguarded", exc, dialect.name)  # fmt: skip
             verdict = Verdict(None, "fail_open")
         except BotbouncerError as exc:  # a session under another profile: 409
-            return self._error(dialect, exc.status, exc.public(), "guard_conflict", NO_RETRY)
+            self._count(dialect.name, "guard_conflict")
+            log.info("llm proxy %s session=%s: %s", dialect.name, session, exc.public())
+            why = (f"session {session!r} runs under another guard profile than this proxy's "
+                   f"({self.config.profile!r}): send another {sessions.HEADER}, or DELETE "
+                   f"/v1/guard/{session} to start it over")  # fmt: skip
+            return self._error(dialect, exc.status, why, "guard_conflict", NO_RETRY)
         if verdict.action == "stopped" and previous is not None:
             # A conversation the upstream keeps (previous_response_id, a
             # conversation): an answer written here is none it holds, and
@@ -321,37 +335,41 @@ class LlmProxy:
             return Verdict(None, "forwarded")  # a conversation's first request
         profile = self.config.profile
         answers: list[Answer] = []
-        checked = False  # whether any event was
+        checked = False  # whether any event was checked
         saving = None
         async with self.order.turn():  # in turns: gateway/llmproxy/order.py
             events = dialect.tool_events(body)
+            replay = None
             if events:
                 fed = await self.seen.new(session, events)
-                new, held = fed.new, fed.held
                 # In one call to the store, in order, each result after its
                 # own call, until one is blocked.
                 checks = [
-                    c for c in (self._prepare(session, e, profile) for e in in_call_order(new)) if c
+                    c
+                    for c in (self._prepare(session, e, profile) for e in in_call_order(fed.new))
+                    if c
                 ]
                 answers = await self.guard.feed(session, checks, profile)
                 checked = bool(answers)
                 for answer in answers:
                     self.metrics.guard_checks.labels(answer.decision, answer.reason).inc()
-                if new:
-                    decided = _worst(answers)
-                    if decided is not None and decided.decision != "allow":
-                        held = sessions.Held(_request_digest(raw), decided.decision,
-                                             decided.reason, decided.message)  # fmt: skip
-                    else:
-                        held = None
+                if fed.new:
+                    held = self._held(_worst(answers), raw)
                     saving = asyncio.create_task(self.seen.remember(session, events, fed, held))
-                elif held is not None and held.applies_to(_request_digest(raw)):
+                else:
+                    replay = fed.held
+            if not checked:  # nothing new to feed: is the budget spent?
+                usage = await self.guard.usage(session, self._usage(0, 0), profile)
+                answers.append(usage)
+                self.metrics.guard_checks.labels(usage.decision, usage.reason).inc()
+                if replay is not None and replay.applies_to(
+                    _request_digest(raw), usage.steps.get("used") or 0
+                ):
                     # The request the guard decided on, sent again (an SDK's
                     # retry): the same verdict, not a fresh start.
-                    answers.append(Answer(session, held.decision, held.reason, held.message, {}))
-            if not checked:  # nothing new to feed: is the budget spent?
-                answers.append(await self.guard.usage(session, self._usage(0, 0), profile))
-                self.metrics.guard_checks.labels(answers[-1].decision, answers[-1].reason).inc()
+                    answers.append(
+                        Answer(session, replay.decision, replay.reason, replay.message, {})
+                    )
         a = _worst(answers)
         if a is None or a.decision == "allow":
             action = "forwarded"
@@ -362,6 +380,16 @@ class LlmProxy:
         else:
             action = "tools_disabled" if self.config.block_mode == "answer" else "stopped"
         return Verdict(a, action, saving)
+
+    @staticmethod
+    def _held(decided: Answer | None, raw: bytes) -> sessions.Held | None:
+        """What a retry of this request is to get again: a warning or a block
+        for a loop (a spent budget is asked afresh: it may have been raised)."""
+        if decided is None or decided.decision == "allow" or decided.reason == "budget_exhausted":
+            return None
+        steps = decided.steps.get("used") or 0
+        return sessions.Held(_request_digest(raw), decided.decision, decided.reason,
+                             decided.message, steps)  # fmt: skip
 
     def _prepare(self, session: str, event: ToolEvent, profile: str) -> Prepared | None:
         """The event as the guard takes it, or None for one it cannot take (a
@@ -410,12 +438,23 @@ class LlmProxy:
     def _cost(self, model: str, usage: Usage) -> float:
         prices = self.config.prices
         price = prices.get(model)
-        if price is None:  # a dated model name takes its family's price
-            family = [m for m in prices if model.startswith(m)]
+        if price is None:  # a dated model name takes its family's price, and only that
+            family = [
+                m for m in prices if model.startswith(m) and _DATED.fullmatch(model[len(m) :])
+            ]
             price = prices[max(family, key=len)] if family else None
         if price is None:
+            if model not in self._unpriced and self._budgets_dollars():
+                self._unpriced.add(model)
+                log.warning("llm proxy: no price for model %.80r in llm_proxy.prices: its "
+                            "answers cost 0 against budget.usd", model)  # fmt: skip
             return 0.0
         return (usage.input_tokens * price.input + usage.output_tokens * price.output) / 1e6
+
+    def _budgets_dollars(self) -> bool:
+        """Whether a dollar budget applies to the proxy's sessions."""
+        _, profile = self.guard.profile(self.config.profile)
+        return self.config.budget.usd is not None or profile.budget.usd is not None
 
     async def _account(
         self, session: str | None, dialect: Dialect, body: Json, usage: Usage
@@ -545,11 +584,12 @@ class LlmProxy:
         code: str,
         headers: dict[str, str] | None = None,
     ) -> web.Response:
+        # The code in a header too: Anthropic's error shape has no field for it.
         return web.Response(
             status=status,
             body=dialect.error(status, message, code),
             content_type="application/json",
-            headers=headers,
+            headers={**(headers or {}), ERROR_HEADER: code},
         )
 
     def _count(self, api: str, action: str) -> None:

@@ -34,6 +34,7 @@ from gateway.llmproxy.wire import (
     objects,
     parse_arguments,
     text_of,
+    uncached,
 )
 
 _CALLS = {"function_call": "arguments", "custom_tool_call": "input"}
@@ -165,7 +166,7 @@ class Responses(Dialect):
         for item in items(body):
             if _by_model(item):
                 break
-            opening.append([item.get("role"), item.get("content")])
+            opening.append([item.get("role"), uncached(item.get("content"))])
         return opening
 
     def anchor(self, body: Json) -> str | None:

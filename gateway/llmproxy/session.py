@@ -60,23 +60,28 @@ def fingerprint(dialect: Dialect, body: Json, credential: str, anchor: str | Non
 
 @dataclass(frozen=True)
 class Held:
-    """The verdict on the request that fed a history, when it was not allow."""
+    """The verdict on the request that fed a history, when it was a warning
+    or a block for a loop (a spent budget is asked of the guard afresh)."""
 
     request: str  # digest of the request's body
     decision: str
     reason: str
     message: str
+    steps: int  # the session's steps then: a session started over since has fewer
 
-    def applies_to(self, request: str) -> bool:
-        return self.request == request
+    def applies_to(self, request: str, steps: int) -> bool:
+        return self.request == request and steps >= self.steps
 
 
 def _held(value: Any) -> Held | None:
-    if not isinstance(value, list) or len(value) != 4:
+    if not isinstance(value, list) or len(value) != 5:
         return None
-    if not all(isinstance(v, str) for v in value):
+    request, decision, reason, message, steps = value
+    if not all(isinstance(v, str) for v in (request, decision, reason, message)):
         return None
-    return Held(*value)
+    if not isinstance(steps, int):
+        return None
+    return Held(request, decision, reason, message, steps)
 
 
 @dataclass
@@ -85,18 +90,20 @@ class Fed:
 
     new: list[ToolEvent]  # its events the guard has not been fed, in history order
     held: Held | None  # the verdict on the request that fed the last ones
-    earlier: list[str]  # the keys kept before, newest history first
+    earlier: list[str]  # the keys kept of the histories before, newest first
+    last: int = 0  # how many of them are the last history's
 
 
 class Seen:
     """The tool events of a session the guard has been fed, and its verdict
     on the request that fed them (Held).
 
-    The keys kept are those of the last history, then up to EARLIER more
-    from the histories before it: one session may carry two histories in
-    turn (an agent and its sub-agent under one X-Botbouncer-Session), and a
-    history the agent trims or leaves still drops out, so the value stays
-    about one history's size."""
+    The keys kept are those of the last history, then those of the history
+    before it and up to EARLIER more, the newest first: one session may
+    carry two histories in turn (an agent and its sub-agent under one
+    X-Botbouncer-Session), each fed once however long, and a history the
+    agent trims or leaves still drops out, so the value stays about two
+    histories' size."""
 
     EARLIER = 256
 
@@ -113,26 +120,35 @@ class Seen:
             value = json.loads(raw) if raw else []
         except (ValueError, TypeError):
             value = []
-        held = None
-        if isinstance(value, dict):  # {"keys": [...], "held": [...]}
+        # A list of keys, or {"keys": [...], "earlier": [...], "held": [...]}.
+        held, earlier = None, []
+        if isinstance(value, dict):
             held = _held(value.get("held"))
+            earlier = _keys(value.get("earlier"))
             value = value.get("keys")
-        keys = [k for k in value if isinstance(k, str)] if isinstance(value, list) else []
-        seen = set(keys)
-        return Fed([e for e in events if e.key not in seen], held, keys)
+        keys = _keys(value)
+        seen = set(keys).union(earlier)
+        # The last history's keys, newest first, before the ones kept of older ones.
+        return Fed([e for e in events if e.key not in seen], held, keys[::-1] + earlier, len(keys))
 
     async def remember(
         self, session: str, events: list[ToolEvent], fed: Fed, held: Held | None = None
     ) -> None:
-        """The keys of this history, then the earlier ones it does not hold."""
+        """The keys of this history, then the newest earlier ones it does not hold."""
         keys = [e.key for e in events]
         now = set(keys)
-        keys += [k for k in fed.earlier if k not in now][: self.EARLIER]
+        earlier = [k for k in fed.earlier if k not in now][: fed.last + self.EARLIER]
         value: Any = keys
-        if held is not None:
-            value = {"keys": keys, "held": [held.request, held.decision, held.reason,
-                                            held.message]}  # fmt: skip
+        if earlier or held is not None:
+            value = {"keys": keys, "earlier": earlier}
+            if held is not None:
+                value["held"] = [held.request, held.decision, held.reason, held.message,
+                                 held.steps]  # fmt: skip
         await self.store.set_cursor(self._name(session), json.dumps(value))
+
+
+def _keys(value: Any) -> list[str]:
+    return [k for k in value if isinstance(k, str)] if isinstance(value, list) else []
 
 
 class Chains:

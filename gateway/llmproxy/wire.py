@@ -108,6 +108,18 @@ def digest(*parts: Any) -> str:
 _CACHE_MARKERS = frozenset({"cache_control", "prompt_cache_breakpoint"})
 
 
+def uncached(content: Any) -> Any:
+    """Content without its parts' prompt-cache marks: prompt caching moves
+    them from turn to turn (the newest turn holds one), and the opening of
+    one conversation must read the same on every request."""
+    if not isinstance(content, list):
+        return content
+    return [
+        {k: v for k, v in b.items() if k not in _CACHE_MARKERS} if isinstance(b, dict) else b
+        for b in content
+    ]
+
+
 def text_of(content: Any) -> str:
     """A tool result's content as the guard compares it: a string, or the
     text of its parts with `[<type> <digest>]` in place of each part that has

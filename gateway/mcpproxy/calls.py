@@ -28,10 +28,12 @@ import mcp_types as mcp
 from pydantic import ValidationError
 
 from gateway.errors import BotbouncerError
+from gateway.guard.normalize import signature
 from gateway.guard.service import Answer, Guard
 
 log = logging.getLogger("botbouncer.mcp_proxy")
 NOTE = "botbouncer (loop guard): "
+MAX_ROUNDS = 1024  # calls awaiting another round, at most (a client that never sends it)
 RequestId = int | str | float  # float: an id such as 1.0, which a server may take (_odd_id)
 # Where an id is the client's: one stdio connection (None), one MCP session or
 # one HTTP exchange (gateway/mcpproxy/http.py); two clients both number their
@@ -159,20 +161,29 @@ class ClientBatch:
     answers: list[mcp.JSONRPCMessage]
 
 
-def result_text(result: mcp.CallToolResult) -> str:
-    """A result as the guard compares it: its text content, else its structured content."""
-    texts = [b.text for b in result.content if isinstance(b, mcp.TextContent)]
+def result_text(result: dict[str, Any]) -> str:
+    """A result (a CallToolResult as JSON) as the guard compares it: its text
+    content, else its structured content."""
+    content = result.get("content")
+    blocks = content if isinstance(content, list) else []
+    texts = [
+        b["text"]
+        for b in blocks
+        if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
+    ]
     if texts:
         return "\n".join(texts)
-    if result.structured_content is not None:
-        return json.dumps(result.structured_content, sort_keys=True, default=str)
+    structured = result.get("structuredContent")
+    if structured is not None:
+        return json.dumps(structured, sort_keys=True, default=str)
     return ""
 
 
 @dataclass
 class Pending:
     tool: str
-    step: Answer | None  # None when the guard could not take the step
+    step: Answer | None  # None when the guard could not take the step, or took none
+    args: Any = None
 
 
 class ToolCalls:
@@ -186,6 +197,8 @@ class ToolCalls:
         self.pending: dict[tuple[Scope, RequestId], Pending] = {}
         self.recording: set[asyncio.Task[None]] = set()  # results being recorded
         self.note: str | None = None  # a result's warning, for the next result
+        # Calls (signature) the server asked input for: their next round is no new step.
+        self.rounds: set[str] = set()
 
     async def from_client(
         self, message: mcp.JSONRPCMessage, scope: Scope = None
@@ -202,15 +215,30 @@ class ToolCalls:
             return None
         if not isinstance(message, mcp.JSONRPCRequest) or message.method != "tools/call":
             return None
-        try:
-            params = mcp.CallToolRequestParams.model_validate(message.params or {})
-        except ValidationError:
-            return None  # the server says what is wrong with it
+        # Read as servers read it: the tool's name and its arguments. A field
+        # the SDK's types would refuse (a `task` of the wrong shape, say) is
+        # the server's to judge, and no reason to let the call by unguarded.
+        params = message.params if isinstance(message.params, dict) else {}
+        tool = params.get("name")
+        if not isinstance(tool, str) or not tool:
+            return None  # no tool to run: the server says what is wrong with it
+        args = params.get("arguments")
+        if "requestState" in params or "inputResponses" in params:
+            round_of = signature(tool, args)
+            if round_of in self.rounds:
+                # Another round of a call the server asked input for (the
+                # protocol's multi-round tool calls): the same run of the
+                # tool, stepped on its first round; its final answer is its result.
+                self.rounds.discard(round_of)
+                self.pending[scope, message.id] = Pending(tool, None, args)
+                return None
         await self.settle()  # judged on every result before it
-        answer = await self._check("step", {"tool": params.name, "args": params.arguments or {}})
+        answer = await self._check("step", {"tool": tool, "args": {} if args is None else args})
+        if answer is not None and answer.decision == "warn":
+            log.info("mcp proxy session=%s warn %s: %s", self.session, answer.reason, tool)
         if answer is not None and answer.decision == "block":
-            log.info("mcp proxy session=%s block %s: %s not called", self.session,
-                     answer.reason, params.name)  # fmt: skip
+            log.warning("mcp proxy session=%s block %s: %s not called", self.session,
+                        answer.reason, tool)  # fmt: skip
             result = mcp.CallToolResult(
                 content=[mcp.TextContent(type="text", text=NOTE + answer.message)], is_error=True
             )
@@ -220,7 +248,7 @@ class ToolCalls:
                 result=result.model_dump(by_alias=True, exclude_none=True, mode="json"),
             )
             return blocked
-        self.pending[scope, message.id] = Pending(params.name, answer)
+        self.pending[scope, message.id] = Pending(tool, answer, args)
         return None
 
     async def _from_server(
@@ -231,24 +259,33 @@ class ToolCalls:
         The result is recorded after this returns (`_track`): the answer
         goes to the client first, and the next call's step waits for the
         record (`settle`). A warning the result raises reaches the model with
-        the next successful result."""
+        the next result, as does one that finds no content to join (a
+        JSON-RPC error)."""
         taken = self._take(message, scope)
         if taken is None:
             return None
-        call, body, result = taken
+        call, body = taken
         self._track(self._result(body))
-        if result is None or result.is_error or not self.warn_note:
+        if not self.warn_note:
             return None
         note = call.step.message if call.step is not None and call.step.decision == "warn" else None
         note, self.note = note or self.note, None
         if note is None:
             return None
-        # The model reads the warning beside the result it asked for.
-        assert isinstance(message, mcp.JSONRPCResponse)
+        if not isinstance(message, mcp.JSONRPCResponse):
+            self.note = note  # a JSON-RPC error: nothing to add it to, the next result takes it
+            return None
+        result = message.result
+        content = result.get("content")
+        if not isinstance(content, list):
+            self.note = note
+            return None
+        # The model reads the warning beside the result it asked for, a
+        # failure too: a failing call's warning is the one most worth reading.
         block = {"type": "text", "text": NOTE + note}
-        content = [*message.result.get("content", []), block]
+        content = [*content, block]
         noted: mcp.JSONRPCMessage = mcp.JSONRPCResponse.model_construct(
-            jsonrpc="2.0", id=message.id, result={**message.result, "content": content}
+            jsonrpc="2.0", id=message.id, result={**result, "content": content}
         )  # the id as it came (_odd_id)
         return noted
 
@@ -282,10 +319,11 @@ class ToolCalls:
 
     def _take(
         self, message: mcp.JSONRPCMessage, scope: Scope
-    ) -> tuple[Pending, dict[str, Any], mcp.CallToolResult | None] | None:
-        """The call a message answers (no longer pending), the guard result it
-        makes and, when it is a CallToolResult, that; None when it answers no
-        tool call of ours or is not a result the guard can read."""
+    ) -> tuple[Pending, dict[str, Any]] | None:
+        """The call a message answers (no longer pending) and the guard result
+        it makes; None when it answers no tool call of ours, or is not the
+        call's result: a request for input (another round comes, with the
+        result), a task the call became."""
         if not isinstance(message, mcp.JSONRPCResponse | mcp.JSONRPCError):
             return None
         if message.id is None:
@@ -294,13 +332,21 @@ class ToolCalls:
         if call is None:
             return None
         if isinstance(message, mcp.JSONRPCError):
-            return call, {"tool": call.tool, "ok": False, "output": message.error.message}, None
-        try:
-            result = mcp.CallToolResult.model_validate(message.result)
-        except ValidationError:
+            return call, {"tool": call.tool, "ok": False, "output": message.error.message}
+        result = message.result
+        if not isinstance(result, dict):
             return None
-        body = {"tool": call.tool, "ok": not result.is_error, "output": result_text(result)}
-        return call, body, result
+        if result.get("resultType") == "input_required":  # another round comes: not the result
+            if len(self.rounds) >= MAX_ROUNDS:
+                self.rounds.clear()
+            self.rounds.add(signature(call.tool, call.args))
+            return None
+        if "task" in result and "content" not in result:  # CreateTaskResult
+            return None
+        # Read as clients read it: a result the SDK's types refuse (no
+        # `content`, as the TypeScript client allows) is still one.
+        return call, {"tool": call.tool, "ok": result.get("isError") is not True,
+                      "output": result_text(result)}  # fmt: skip
 
     async def from_client_batch(self, raw: bytes, scope: Scope = None) -> ClientBatch:
         """A JSON-RPC batch from the client (the protocol's 2025-03-26

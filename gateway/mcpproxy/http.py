@@ -12,9 +12,11 @@ as unless a warning is added to it. A guard session is one MCP session (the
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
+import re
 from collections import OrderedDict
 from collections.abc import Callable
 from urllib.parse import urlsplit
@@ -23,6 +25,7 @@ import aiohttp
 import mcp_types as mcp
 from aiohttp import web
 from multidict import CIMultiDict
+from yarl import URL
 
 from gateway.guard.normalize import loads
 from gateway.llmproxy.wire import HOP_BY_HOP, SseReader, digest
@@ -32,6 +35,7 @@ log = logging.getLogger("botbouncer.mcp_proxy")
 
 MAX_BODY = 32 * 1024 * 1024
 MAX_SESSIONS = 10_000
+MAX_REDIRECTS = 3
 SESSION_HEADER = "Mcp-Session-Id"
 _HOP = HOP_BY_HOP
 
@@ -45,6 +49,7 @@ class HttpProxy:
         self._session = session
         self._calls: OrderedDict[str, ToolCalls] = OrderedDict()
         self._exchanges = itertools.count()
+        self._releasing: set[asyncio.Future[None]] = set()
         self._client: aiohttp.ClientSession | None = None
         self.app = web.Application()
         self.app.router.add_route("*", self.path, self._handle)
@@ -56,12 +61,15 @@ class HttpProxy:
         if self._client is not None:
             await self._client.close()
 
+    def name_of(self, request: web.Request) -> str:
+        """The guard session of a request: --session, else its MCP session's."""
+        if self._session is not None:
+            return self._session
+        return "mcp-" + digest(self.upstream, request.headers.get(SESSION_HEADER, ""))[:32]
+
     def calls(self, request: web.Request) -> ToolCalls:
         """The tool calls of this request's MCP session (one set when there is none)."""
-        name = self._session
-        if name is None:
-            mcp_session = request.headers.get(SESSION_HEADER, "")
-            name = "mcp-" + digest(self.upstream, mcp_session)[:32]
+        name = self.name_of(request)
         calls = self._calls.get(name)
         if calls is None:
             calls = self._calls[name] = self._calls_for(name)
@@ -79,11 +87,32 @@ class HttpProxy:
         # Whose ids: the MCP session's; without one (a stateless server) this
         # exchange's, whose answers come in its own response.
         scope = request.headers.get(SESSION_HEADER) or f"exchange-{next(self._exchanges)}"
+        ended = SESSION_HEADER not in request.headers
         try:
-            return await self._exchange(request, body, calls, scope)
+            response = await self._exchange(request, body, calls, scope)
+            # A session the client ended (or the server no longer knows):
+            # its calls, and its guard session's calls held here, go.
+            ended = ended or (
+                request.method == "DELETE" and response.status in (200, 202, 204, 404)
+            )
+            return response
         finally:
-            if SESSION_HEADER not in request.headers:
+            if ended:
                 calls.forget(scope)
+                if self._session is None and SESSION_HEADER in request.headers:
+                    self._release(self.name_of(request), calls)
+
+    def _release(self, name: str, calls: ToolCalls) -> None:
+        """Forgets a guard session's calls once its records are made."""
+
+        async def release() -> None:
+            await calls.settle()
+            if self._calls.get(name) is calls:
+                del self._calls[name]
+
+        task = asyncio.ensure_future(release())
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
 
     async def _exchange(
         self, request: web.Request, body: bytes, calls: ToolCalls, scope: str
@@ -103,12 +132,22 @@ class HttpProxy:
             self._client = aiohttp.ClientSession(auto_decompress=True, trust_env=False)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         headers["Accept-Encoding"] = "identity"
+        url = URL(self.upstream)
         try:
-            upstream = await self._client.request(
-                request.method, self.upstream, params=request.rel_url.query, data=body,
-                headers=headers, allow_redirects=False,
-                timeout=aiohttp.ClientTimeout(total=None, connect=10, sock_read=None),
-            )  # fmt: skip
+            for _ in range(MAX_REDIRECTS + 1):
+                upstream = await self._client.request(
+                    request.method, url, params=request.rel_url.query, data=body,
+                    headers=headers, allow_redirects=False,
+                    timeout=aiohttp.ClientTimeout(total=None, connect=10, sock_read=None),
+                )  # fmt: skip
+                moved = _same_origin_redirect(url, upstream)
+                if moved is None:
+                    break
+                # Followed here, body and all: passed on, it would point the
+                # client at the server itself, past the guard.
+                upstream.release()
+                log.warning("mcp proxy: %s redirects to %s; give that as --upstream", url, moved)
+                url = moved
         except aiohttp.ClientError as exc:
             log.warning("mcp proxy: upstream %s unreachable: %s", self.upstream, exc)
             return _jsonrpc_error(body, f"the MCP server {self.upstream} is unreachable")
@@ -163,6 +202,18 @@ class HttpProxy:
         return out
 
 
+def _same_origin_redirect(url: URL, upstream: aiohttp.ClientResponse) -> URL | None:
+    """Where a 307/308 of the upstream's points, when it is on the same
+    scheme, host and port (a trailing slash added, say); None otherwise."""
+    if upstream.status not in (307, 308):
+        return None
+    location = upstream.headers.get("Location")
+    if not location:
+        return None
+    target = url.join(URL(location))
+    return target if target.origin() == url.origin() else None
+
+
 async def _body(request: web.Request) -> bytes | None:
     """The whole request body, however many reads it arrives in; None past MAX_BODY."""
     if request.content_length is not None and request.content_length > MAX_BODY:
@@ -206,7 +257,9 @@ async def _event(raw: bytes, data: str | None, calls: ToolCalls, scope: str) -> 
     if replaced is encoded:
         return raw
     text = raw.decode("utf-8", "replace")
-    lines = [ln for ln in text.splitlines() if ln and not ln.startswith("data:")]
+    # SSE's line ends only: str.splitlines() also splits at U+2028 and U+0085,
+    # which a tool's text may hold raw, and would make a field of the rest.
+    lines = [ln for ln in re.split(r"\r\n|\r|\n", text) if ln and not ln.startswith("data:")]
     lines.append("data: " + replaced.decode())
     return ("\n".join(lines) + "\n\n").encode()
 

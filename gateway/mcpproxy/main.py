@@ -1,8 +1,9 @@
 """`botbouncer mcp-proxy`: the guard and its store from the configuration (or
 the built-in defaults: memory, the default profile), then one transport.
 
-    botbouncer mcp-proxy [-c FILE] [--session S] [--profile P] -- CMD ARGS...
-    botbouncer mcp-proxy [-c FILE] [--session S] [--profile P] --upstream URL [--listen H:P]
+    botbouncer mcp-proxy [-c FILE] [--session S] [--profile P] [--log-level L] -- CMD ARGS...
+    botbouncer mcp-proxy [-c FILE] [--session S] [--profile P] [--log-level L]
+                         --upstream URL [--listen H:P]
 
 Over stdio the proxy's stdout is the protocol: logs go to stderr, as the
 child's stderr does.

@@ -11,8 +11,12 @@ with.
 The child's stderr is the proxy's. The proxy ends when the child exits (with
 its exit status), or when its client closes stdin (the child's stdin is
 closed then, as MCP's shutdown says, and the child given GRACE seconds
-before SIGTERM, then as long again before SIGKILL), or on SIGTERM/SIGINT
-(passed on to the child).
+before SIGTERM, then as long again before SIGKILL), or on SIGTERM or SIGINT
+(the child gets a SIGTERM for either).
+
+Only a pipe or a socket is handed to the event loop; a stdin that is a
+terminal, /dev/null or a regular file is read in a thread, and such a stdout
+written synchronously.
 """
 
 from __future__ import annotations
@@ -20,8 +24,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import queue
 import signal
+import stat
 import sys
+import threading
 from collections.abc import Awaitable, Callable
 from typing import BinaryIO
 
@@ -42,6 +50,8 @@ class Output:
         self._writer: asyncio.StreamWriter | None = None
 
     async def open(self) -> None:
+        if not _pipe_or_socket(self._stream):  # a terminal, /dev/null, a file: synchronously
+            return
         loop = asyncio.get_running_loop()
         try:
             transport, protocol = await loop.connect_write_pipe(
@@ -60,15 +70,90 @@ class Output:
         await self._writer.drain()
 
 
+def _pipe_or_socket(stream: BinaryIO) -> bool:
+    """Whether the event loop can watch `stream`: a pipe or a socket. epoll
+    refuses /dev/null and regular files, and a terminal the loop made
+    non-blocking would be non-blocking for every process sharing it."""
+    try:
+        mode = os.fstat(stream.fileno()).st_mode
+    except (OSError, ValueError):  # no file descriptor at all
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
 async def _input(stream: BinaryIO) -> Callable[[], Awaitable[bytes]]:
     """A readline for the client's side of stdin."""
+    if not _pipe_or_socket(stream):  # a terminal, /dev/null, a file
+        return _ThreadReader(stream).readline
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=MAX_LINE)
     try:
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), stream)
-    except (ValueError, OSError):  # a regular file: read in a thread
-        return lambda: asyncio.to_thread(stream.readline)
+    except (ValueError, OSError):
+        return _ThreadReader(stream).readline
     return reader.readline
+
+
+class _ThreadReader:
+    """Lines read in a daemon thread of their own, one line ahead at most: a
+    read blocked on a terminal must not keep the proxy from ending once its
+    server has (the default executor's threads are waited for), and the
+    thread reads the file descriptor itself, since a daemon thread holding
+    the lock of sys.stdin's buffer at exit is a fatal error."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._fd = stream.fileno()
+        self._loop = asyncio.get_running_loop()
+        self._asks: queue.SimpleQueue[asyncio.Future[bytes]] = queue.SimpleQueue()
+        self._ended = False
+        threading.Thread(target=self._read, name="mcp-proxy-stdin", daemon=True).start()
+
+    async def readline(self) -> bytes:
+        if self._ended:
+            return b""
+        future: asyncio.Future[bytes] = self._loop.create_future()
+        self._asks.put(future)
+        line = await future
+        self._ended = not line
+        return line
+
+    def _read(self) -> None:
+        buffer = bytearray()
+        end = False
+        while True:
+            future = self._asks.get()
+            searched = 0  # the bytes before it hold no line end
+            try:
+                while (cut := buffer.find(b"\n", searched) + 1) == 0 and not end:
+                    if len(buffer) > MAX_LINE:
+                        raise ValueError(f"a line longer than {MAX_LINE} bytes on stdin")
+                    searched = len(buffer)
+                    chunk = os.read(self._fd, 1 << 16)
+                    end = not chunk
+                    buffer += chunk
+            except (OSError, ValueError) as exc:
+                self._answer(future, None, exc)
+                return
+            cut = cut or len(buffer)
+            line = bytes(buffer[:cut])
+            del buffer[:cut]
+            self._answer(future, line, None)
+            if not line:
+                return
+
+    def _answer(
+        self, future: asyncio.Future[bytes], line: bytes | None, error: BaseException | None
+    ) -> None:
+        def settle() -> None:
+            if future.done():  # cancelled: the proxy is ending
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(line or b"")
+
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            self._loop.call_soon_threadsafe(settle)
 
 
 async def run(

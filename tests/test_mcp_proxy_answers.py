@@ -1,0 +1,187 @@
+"""What the MCP proxy reads of a call and its answers beyond the plain
+request and CallToolResult: the protocol's multi-round tool calls, failures,
+results the SDK's types refuse, and over HTTP redirects, ended sessions and
+SSE events. Each test here was a legitimate call stopped, a warning lost or
+a call let past the guard, before the fix it names."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from gateway.llmproxy.wire import SseReader
+from gateway.mcpproxy.calls import NOTE, ToolCalls, parse
+from gateway.mcpproxy.http import HttpProxy, _event
+from tests.test_mcp_proxy_oddities import guarded
+
+
+def request(rid: int, tool: str, args: Any = None, **params: Any) -> bytes:
+    body = {"name": tool, **({} if args is None else {"arguments": args}), **params}
+    return json.dumps(
+        {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": body}
+    ).encode()
+
+
+def reply(rid: int, result: dict[str, Any]) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", "id": rid, "result": result}).encode()
+
+
+async def call(calls: ToolCalls, line: bytes, answer: dict[str, Any]) -> bytes | None:
+    """One call through `calls`: b"blocked" when the proxy answered it,
+    else what it relays of `answer` (None: as it came)."""
+    message = parse(line)
+    assert message is not None
+    blocked = await calls.from_client(message)
+    if blocked is not None:
+        return b"blocked"
+    rid = json.loads(line)["id"]
+    instead = await calls.from_server_raw(reply(rid, answer))
+    await calls.settle()
+    return instead
+
+
+async def test_the_rounds_of_one_multi_round_call_are_one_step() -> None:
+    # Breaks if each round of a multi-round tool call (the server answers
+    # input_required, the client sends the same call again with the user's
+    # answers and the server's requestState) is a step of its own: a tool
+    # that asks two questions was blocked at its last round, after the user
+    # answered both, and stayed blocked. A client that sends a requestState
+    # nobody asked for is stepped as any call.
+    calls = guarded()
+    asking = {"resultType": "input_required", "inputRequests": {"ok": {}}, "requestState": "s1"}
+    again = {"resultType": "input_required", "inputRequests": {"region": {}}, "requestState": "s2"}
+    args = {"target": "prod"}
+    rid = 0
+    for _ in range(2):  # deployed twice in one session
+        answers = []
+        for state, answer in ((None, asking), ("s1", again), ("s2", {"content": []})):
+            rid += 1
+            more = {} if state is None else {"requestState": state, "inputResponses": {"ok": {}}}
+            answers.append(await call(calls, request(rid, "deploy", args, **more), answer))
+        assert b"blocked" not in answers
+    state = await calls.guard.state("odd")
+    assert state is not None and state["steps"] == 2
+    # Bogus rounds (no input was asked for) are calls like any other.
+    none = {"content": [{"type": "text", "text": "none"}]}
+    bogus = [
+        await call(calls, request(10 + i, "s", {"q": "x"}, requestState=5), none) for i in range(4)
+    ]
+    assert bogus[-1] == b"blocked"
+
+
+async def test_a_failing_call_s_warning_reaches_the_model() -> None:
+    # Breaks if a warning is added only to successful results: a call that
+    # keeps failing got three plain errors, then a block, the one warning
+    # meant to change its course never shown. After a JSON-RPC error, which
+    # has no content to join, the warning comes with the next result.
+    calls = guarded()
+    failed = {"content": [{"type": "text", "text": "disk full"}], "isError": True}
+    out = [await call(calls, request(i, "fail", {"reason": "x"}), failed) for i in range(1, 5)]
+    warned = [o for o in out if o not in (None, b"blocked")]
+    assert len(warned) == 1 and out[-1] == b"blocked"
+    assert json.loads(warned[0])["result"]["content"][-1]["text"].startswith(NOTE + "This call")
+    # A JSON-RPC error with a warning: carried to the next result.
+    calls = guarded("odd2")
+    error = {"jsonrpc": "2.0", "id": 0, "error": {"code": -32000, "message": "disk full"}}
+    for rid in (1, 2, 3):
+        message = parse(request(rid, "fail", {"reason": "x"}))
+        assert message is not None and await calls.from_client(message) is None
+        error["id"] = rid
+        assert await calls.from_server_raw(json.dumps(error).encode()) is None
+        await calls.settle()
+    fine = await call(calls, request(4, "search", {"q": "y"}), {"content": []})
+    assert fine is not None and NOTE in fine.decode()
+
+
+async def test_a_result_of_structured_content_alone_is_a_result() -> None:
+    # Breaks if an answer the SDK's types refuse (no `content`, which the
+    # TypeScript client takes as []) is not recorded: a status tool whose
+    # structured answer changed every time was blocked as if nothing changed.
+    calls = guarded()
+    out = [await call(calls, request(i, "job", {"id": 7}), {"structuredContent": {"n": i}})
+           for i in range(1, 5)]  # fmt: skip
+    assert b"blocked" not in out
+    state = await calls.guard.state("odd")
+    assert state is not None and None not in [c["result"] for c in state["recent_calls"]]
+
+
+async def test_a_same_origin_redirect_is_followed_not_passed_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Breaks if the HTTP proxy passes a 307 of its upstream on (a trailing
+    # slash the server wants): the client, following it, talked to the
+    # server itself, past the guard.
+    async def moved(request: web.Request) -> web.Response:
+        raise web.HTTPTemporaryRedirect(str(request.url.with_path("/mcp/")))
+
+    async def served(request: web.Request) -> web.Response:
+        got = await request.json()
+        return web.json_response({"jsonrpc": "2.0", "id": got["id"], "result": {"content": []}})
+
+    app = web.Application()
+    app.router.add_post("/mcp", moved)
+    app.router.add_post("/mcp/", served)
+    async with TestServer(app) as upstream:
+        proxy = HttpProxy(str(upstream.make_url("/mcp")), guarded)
+        async with TestClient(TestServer(proxy.app)) as client:
+            with caplog.at_level(logging.WARNING, "botbouncer.mcp_proxy"):
+                async with client.post("/mcp", data=request(1, "search", {"q": "x"})) as resp:
+                    assert resp.status == 200
+                    assert (await resp.json())["id"] == 1
+    assert "give that as --upstream" in caplog.text
+
+
+async def test_a_deleted_session_leaves_nothing_held() -> None:
+    # Breaks if the HTTP proxy keeps a session's calls after the client
+    # ended it (DELETE): they were held until 10,000 other sessions pushed
+    # them out.
+    async def mcp(request: web.Request) -> web.Response:
+        if request.method == "DELETE":
+            return web.Response(status=200)
+        got = await request.json()
+        answer = {"jsonrpc": "2.0", "id": got["id"], "result": {"content": []}}
+        return web.json_response(answer, headers={"Mcp-Session-Id": "abc"})
+
+    app = web.Application()
+    app.router.add_route("*", "/mcp", mcp)
+    async with TestServer(app) as upstream:
+        proxy = HttpProxy(str(upstream.make_url("/mcp")), guarded)
+        async with TestClient(TestServer(proxy.app)) as client:
+            headers = {"Mcp-Session-Id": "abc"}
+            async with client.post("/mcp", data=request(1, "a"), headers=headers) as resp:
+                assert resp.status == 200
+            assert len(proxy._calls) == 1
+            async with client.delete("/mcp", headers=headers) as resp:
+                assert resp.status == 200
+            for _ in range(20):
+                if not proxy._calls:
+                    break
+                await asyncio.sleep(0.01)
+    assert not proxy._calls
+
+
+async def test_a_warning_added_to_an_sse_event_changes_only_its_data() -> None:
+    # Breaks if the event is split at every Unicode line end (U+2028, U+0085,
+    # which a tool's text may hold raw): the rest of such a line became a
+    # field of the event (`event: ...`), and the client dropped the answer.
+    calls = guarded()
+    for rid in (1, 2):
+        await call(calls, request(rid, "s", {"q": 1}), {"content": [{"type": "text", "text": "a"}]})
+    warned = parse(request(3, "s", {"q": 1}))
+    assert warned is not None and await calls.from_client(warned, "x") is None
+    content = [{"type": "text", "text": "line one\u2028event: oops"}]
+    message = {"jsonrpc": "2.0", "id": 3, "result": {"content": content}}
+    data = json.dumps(message, ensure_ascii=False).encode()  # U+2028 raw, as servers may write it
+    raw = b"event: message\ndata: " + data + b"\n\n"
+    [(event, text)] = SseReader().feed(raw)
+    rewritten = await _event(event, text, calls, "x")
+    lines = rewritten.decode().split("\n")
+    assert lines[0] == "event: message" and lines[1].startswith("data: {")
+    assert lines[2:] == ["", ""]
+    assert json.loads(lines[1][6:])["result"]["content"][-1]["text"].startswith(NOTE)
