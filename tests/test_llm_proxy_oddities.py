@@ -343,3 +343,19 @@ def test_prompt_caching_marks_leave_an_openai_opening_as_it_was() -> None:
     assert opening({"messages": [{"role": "user", "content": marked}]}) == opening(
         {"messages": [{"role": "user", "content": plain}]}
     )
+
+
+def test_a_stream_s_input_count_is_not_undone_by_a_later_zero() -> None:
+    # Breaks if message_delta's input count replaces message_start's when it
+    # is lower: a compatible server that sends 0 (or null) there made a
+    # 20,000-token prompt cost nothing against the budget.
+    from gateway.llmproxy.anthropic import AnthropicStreamTap
+
+    tap = AnthropicStreamTap()
+    start = {"type": "message_start", "message": {"usage": {
+        "input_tokens": 100, "cache_read_input_tokens": 20_000, "output_tokens": 1}}}  # fmt: skip
+    delta = {"type": "message_delta", "usage": {"input_tokens": 0, "output_tokens": 250}}
+    stream = "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in (start, delta))
+    tap.feed(stream.encode())
+    tap.done()
+    assert (tap.usage.input_tokens, tap.usage.output_tokens) == (20_100, 250)

@@ -185,3 +185,17 @@ async def test_a_warning_added_to_an_sse_event_changes_only_its_data() -> None:
     assert lines[0] == "event: message" and lines[1].startswith("data: {")
     assert lines[2:] == ["", ""]
     assert json.loads(lines[1][6:])["result"]["content"][-1]["text"].startswith(NOTE)
+
+
+def test_an_sse_event_as_large_as_a_stdio_line_is_read() -> None:
+    # Breaks if the HTTP proxy reads a server's stream with the LLM proxy's
+    # 16 MiB bound: a larger result (a picture) made the stream count as no
+    # SSE, and every later answer on it went unrecorded.
+    from gateway.mcpproxy.http import sse_reader
+
+    reader = sse_reader()
+    big = b"event: message\ndata: " + b"x" * (17 << 20) + b"\n\n"
+    events = [e for i in range(0, len(big), 1 << 16) for e in reader.feed(big[i : i + (1 << 16)])]
+    events += reader.feed(b"event: message\ndata: {}\n\n")
+    assert [len(text or "") for _, text in events] == [17 << 20, 2]
+    assert not reader.broken

@@ -174,7 +174,8 @@ class SseReader:
     is appended to the unfinished event, and only the bytes not yet searched
     are searched for its end."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_event: int = MAX_EVENT) -> None:
+        self._max = max_event  # past it, the stream is taken for no SSE
         self._buf = bytearray()  # the unfinished event
         # Where the search for the event's end resumes. The bytes before it
         # hold no end; the last 3 bytes searched are searched again, since an
@@ -197,7 +198,7 @@ class SseReader:
             m = _EVENT_END.search(buf, start)
         del buf[:start]
         self._from = max(0, len(buf) - 3)
-        if len(buf) > MAX_EVENT:  # not SSE: passed on as raw bytes from here
+        if len(buf) > self._max:  # not SSE: passed on as raw bytes from here
             events.append((bytes(buf), None))
             self.broken = True
             buf.clear()

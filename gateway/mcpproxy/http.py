@@ -30,6 +30,7 @@ from yarl import URL
 from gateway.guard.normalize import loads
 from gateway.llmproxy.wire import HOP_BY_HOP, SseReader, digest
 from gateway.mcpproxy.calls import ToolCalls, compact, dump, dump_batch, is_batch, parse
+from gateway.mcpproxy.stdio import MAX_LINE
 
 log = logging.getLogger("botbouncer.mcp_proxy")
 
@@ -178,7 +179,7 @@ class HttpProxy:
             return web.Response(body=dump_batch(extra), content_type="application/json")
         out = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
         await out.prepare(request)
-        reader = SseReader() if sse else None
+        reader = sse_reader() if sse else None
         try:
             if extra:
                 await out.write(b"event: message\ndata: " + dump_batch(extra) + b"\n\n")
@@ -200,6 +201,13 @@ class HttpProxy:
             if request.transport is not None:
                 request.transport.abort()
         return out
+
+
+def sse_reader() -> SseReader:
+    """An SSE reader for the server's streams: an event may hold a result as
+    large as a line over stdio may (a picture, a file); a smaller bound
+    would leave every later answer on the stream unread."""
+    return SseReader(max_event=MAX_LINE)
 
 
 def _same_origin_redirect(url: URL, upstream: aiohttp.ClientResponse) -> URL | None:
