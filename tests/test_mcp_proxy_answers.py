@@ -199,3 +199,45 @@ def test_an_sse_event_as_large_as_a_stdio_line_is_read() -> None:
     events += reader.feed(b"event: message\ndata: {}\n\n")
     assert [len(text or "") for _, text in events] == [17 << 20, 2]
     assert not reader.broken
+
+
+ECHO = (
+    "import sys\n"
+    "for line in sys.stdin.buffer:\n"
+    "    sys.stdout.buffer.write(line)\n"
+    "    sys.stdout.flush()"
+)
+
+
+async def test_a_message_too_long_to_read_is_passed_on_unread(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Breaks if a line over the proxy's bound (128 MiB; 4 KiB here) ends the
+    # relay with a traceback, or loses the lines after it: it is a relay's
+    # to pass on, whole and in order, the guard not reading it (a WARNING
+    # says so).
+    import os
+    import sys
+
+    from gateway.mcpproxy import stdio
+
+    monkeypatch.setattr(stdio, "MAX_LINE", 4096)
+    client_r, proxy_w = os.pipe()
+    proxy_r, client_w = os.pipe()
+    long = b'{"jsonrpc":"2.0","method":"notifications/x","params":{"a":"' + b"x" * 10_000 + b'"}}\n'
+    short = b'{"jsonrpc":"2.0","method":"notifications/y"}\n'
+    stdin, stdout = os.fdopen(proxy_r, "rb", buffering=0), os.fdopen(proxy_w, "wb", buffering=0)
+    with stdin, stdout, caplog.at_level(logging.WARNING, "botbouncer.mcp_proxy"):
+        relay = asyncio.ensure_future(
+            stdio.run([sys.executable, "-c", ECHO], guarded(), stdin=stdin, stdout=stdout)
+        )
+        await asyncio.to_thread(os.write, client_w, long + short + long + short)
+        os.close(client_w)
+        code = await asyncio.wait_for(relay, 20)
+    got = b""
+    while chunk := os.read(client_r, 1 << 16):
+        got += chunk
+    os.close(client_r)
+    assert got == long + short + long + short
+    assert code == 0
+    assert caplog.text.count("over 4096 bytes is passed on unread") == 4  # each way, each time

@@ -81,17 +81,31 @@ def _pipe_or_socket(stream: BinaryIO) -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
-async def _input(stream: BinaryIO) -> Callable[[], Awaitable[bytes]]:
-    """A readline for the client's side of stdin."""
+# The next line, or of a line longer than MAX_LINE the next piece: (bytes,
+# whether they end a line); b"" at the end.
+Read = Callable[[], Awaitable[tuple[bytes, bool]]]
+
+
+async def _piece(reader: asyncio.StreamReader) -> tuple[bytes, bool]:
+    try:
+        return await reader.readuntil(b"\n"), True
+    except asyncio.IncompleteReadError as exc:  # the end: what is left, if anything
+        return exc.partial, True
+    except asyncio.LimitOverrunError as exc:  # too long to hold: as much as is there
+        return await reader.read(max(exc.consumed, 1)), False
+
+
+async def _input(stream: BinaryIO) -> Read:
+    """A reader of the client's side of stdin."""
     if not _pipe_or_socket(stream):  # a terminal, /dev/null, a file
-        return _ThreadReader(stream).readline
+        return _ThreadReader(stream).read
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=MAX_LINE)
     try:
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), stream)
     except (ValueError, OSError):
-        return _ThreadReader(stream).readline
-    return reader.readline
+        return _ThreadReader(stream).read
+    return lambda: _piece(reader)
 
 
 class _ThreadReader:
@@ -104,18 +118,18 @@ class _ThreadReader:
     def __init__(self, stream: BinaryIO) -> None:
         self._fd = stream.fileno()
         self._loop = asyncio.get_running_loop()
-        self._asks: queue.SimpleQueue[asyncio.Future[bytes]] = queue.SimpleQueue()
+        self._asks: queue.SimpleQueue[asyncio.Future[tuple[bytes, bool]]] = queue.SimpleQueue()
         self._ended = False
         threading.Thread(target=self._read, name="mcp-proxy-stdin", daemon=True).start()
 
-    async def readline(self) -> bytes:
+    async def read(self) -> tuple[bytes, bool]:
         if self._ended:
-            return b""
-        future: asyncio.Future[bytes] = self._loop.create_future()
+            return b"", True
+        future: asyncio.Future[tuple[bytes, bool]] = self._loop.create_future()
         self._asks.put(future)
-        line = await future
+        line, whole = await future
         self._ended = not line
-        return line
+        return line, whole
 
     def _read(self) -> None:
         buffer = bytearray()
@@ -125,24 +139,28 @@ class _ThreadReader:
             searched = 0  # the bytes before it hold no line end
             try:
                 while (cut := buffer.find(b"\n", searched) + 1) == 0 and not end:
-                    if len(buffer) > MAX_LINE:
-                        raise ValueError(f"a line longer than {MAX_LINE} bytes on stdin")
+                    if len(buffer) > MAX_LINE:  # too long to hold: passed on as it is
+                        break
                     searched = len(buffer)
                     chunk = os.read(self._fd, 1 << 16)
                     end = not chunk
                     buffer += chunk
-            except (OSError, ValueError) as exc:
+            except OSError as exc:
                 self._answer(future, None, exc)
                 return
+            whole = cut > 0 or end
             cut = cut or len(buffer)
             line = bytes(buffer[:cut])
             del buffer[:cut]
-            self._answer(future, line, None)
+            self._answer(future, (line, whole), None)
             if not line:
                 return
 
     def _answer(
-        self, future: asyncio.Future[bytes], line: bytes | None, error: BaseException | None
+        self,
+        future: asyncio.Future[tuple[bytes, bool]],
+        line: tuple[bytes, bool] | None,
+        error: BaseException | None,
     ) -> None:
         def settle() -> None:
             if future.done():  # cancelled: the proxy is ending
@@ -150,7 +168,7 @@ class _ThreadReader:
             if error is not None:
                 future.set_exception(error)
             else:
-                future.set_result(line or b"")
+                future.set_result(line or (b"", True))
 
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
             self._loop.call_soon_threadsafe(settle)
@@ -174,11 +192,20 @@ async def run(
     to_child, from_child = child.stdin, child.stdout
     out = Output(stdout or sys.stdout.buffer)
     await out.open()
-    readline = await _input(stdin or sys.stdin.buffer)
+    read = await _input(stdin or sys.stdin.buffer)
 
     async def client_side() -> None:
-        while line := await readline():
-            if is_batch(line):
+        passing = False  # inside a line too long to read: passed on unread
+        while True:
+            line, whole = await read()
+            if not line:
+                break
+            if passing or not whole:
+                if not passing:
+                    log.warning("mcp proxy: a message of the client's over %d bytes is passed "
+                                "on unread", MAX_LINE)  # fmt: skip
+                passing = not whole
+            elif is_batch(line):
                 batch = await calls.from_client_batch(line)
                 if batch.answers:
                     await out.write(dump_batch(batch.answers) + b"\n")
@@ -200,8 +227,19 @@ async def run(
 
     async def server_side() -> bool:
         """Relays the child's lines; True when it stopped because the client left."""
-        while line := await from_child.readline():
-            instead = await calls.from_server_raw(line)
+        passing = False  # inside a line too long to read: passed on unread
+        while True:
+            line, whole = await _piece(from_child)
+            if not line:
+                break
+            instead = None
+            if passing or not whole:
+                if not passing:
+                    log.warning("mcp proxy: a message of the server's over %d bytes is passed "
+                                "on unread", MAX_LINE)  # fmt: skip
+                passing = not whole
+            else:
+                instead = await calls.from_server_raw(line)
             try:
                 await out.write(instead + b"\n" if instead is not None else line)
             except (ConnectionError, BrokenPipeError):
