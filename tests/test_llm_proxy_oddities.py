@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from gateway.llmproxy.openai import OpenAI
 from gateway.llmproxy.wire import in_call_order
 from tests.fakes.llm import FakeLLM, answer, status
@@ -359,3 +361,39 @@ def test_a_stream_s_input_count_is_not_undone_by_a_later_zero() -> None:
     tap.feed(stream.encode())
     tap.done()
     assert (tap.usage.input_tokens, tap.usage.output_tokens) == (20_100, 250)
+
+
+SHOT = {"type": "computer_screenshot", "image_url": "data:image/png;base64,iVBORw0KGgo="}
+
+
+def computer_use(turns: int, item: str = "computer_call") -> dict[str, Any]:
+    """A Responses computer-use (or shell) agent clicking the same spot
+    `turns` times, the screen the same each time."""
+    kinds = {"computer_call": ("action", {"type": "click", "x": 10, "y": 20}, SHOT),
+             "shell_call": ("action", {"commands": ["make test"]}, "1 failed")}  # fmt: skip
+    field, value, output = kinds[item]
+    inputs: list[dict[str, Any]] = [{"role": "user", "content": "Open the settings page."}]
+    for i in range(1, turns + 1):
+        inputs.append({"type": item, "id": f"cu_{i}", "call_id": f"call_{i}", field: value,
+                       "status": "completed"})  # fmt: skip
+        inputs.append({"type": item + "_output", "call_id": f"call_{i}", "output": output})
+    return {"model": "computer-use-preview", "input": inputs, "tools": [{"type": "computer"}]}
+
+
+@pytest.mark.parametrize("item", ["computer_call", "shell_call"])
+async def test_a_responses_computer_or_shell_loop_is_stopped(item: str) -> None:
+    # Breaks if the Responses dialect reads only function and custom tool
+    # calls: a computer-use agent clicking the same spot on the same screen
+    # (the Agents SDK's ComputerTool) or a shell agent rerunning the same
+    # failing command was never warned or blocked, and without the session
+    # header had no session at all.
+    async with FakeLLM() as llm:
+        llm.default = answer("fine")
+        async with proxy_daemon(llm, "memory://", None) as (_, url):
+            route = f"{url}/llm/openai/v1/responses"
+            verdicts = []
+            for turns in (1, 2, 3, 4):
+                _, said, _, _ = await raw_post(route, computer_use(turns, item))
+                verdicts.append(said.get("X-Botbouncer-Guard", "allow"))
+    assert verdicts[-2:] == ["warn identical_call", "block identical_call"]
+    assert llm.calls[-1].tool_choice == "none"

@@ -37,8 +37,34 @@ from gateway.llmproxy.wire import (
     uncached,
 )
 
-_CALLS = {"function_call": "arguments", "custom_tool_call": "input"}
-_OUTPUTS = ("function_call_output", "custom_tool_call_output")
+# The calls a model makes that the agent runs, by item type: the tool's name
+# (None: the item's `name`) and the field holding its input. Each has its
+# `<type>_output` item.
+_CALLS: dict[str, tuple[str | None, str]] = {
+    "function_call": (None, "arguments"),
+    "custom_tool_call": (None, "input"),
+    "computer_call": ("computer", "action"),
+    "shell_call": ("shell", "action"),
+    "local_shell_call": ("local_shell", "action"),
+    "apply_patch_call": ("apply_patch", "operation"),
+}
+_OUTPUTS = frozenset(kind + "_output" for kind in _CALLS)
+
+
+def _call(item: Json, kind: str) -> tuple[str, Any] | None:
+    """A call item's tool name and input (as written); None without a name."""
+    fixed, field = _CALLS[kind]
+    name: Any = fixed or item.get("name")
+    return (name, item.get(field)) if isinstance(name, str) and name else None
+
+
+def _output_text(output: Any) -> str:
+    """What a call's output item says: text, or a screenshot's digest (text_of)."""
+    if isinstance(output, str):
+        return output
+    return text_of([output] if isinstance(output, dict) else output)
+
+
 # The items a model writes (the rest of an input list is the agent's).
 _MODEL_ITEMS = frozenset({*_CALLS, "reasoning"})
 # Events whose `response` is the whole answer, usage included.
@@ -85,9 +111,8 @@ def _anchor_of(output: list[Json]) -> str | None:
             call_id = item.get("call_id")
             if isinstance(call_id, str) and call_id:
                 anchor.ids.append(call_id)
-            name, arguments = item.get("name"), item.get(_CALLS[kind])
-            anchor.calls.append((name if isinstance(name, str) else "",
-                                 arguments if isinstance(arguments, str) else ""))  # fmt: skip
+            name, arguments = _call(item, kind) or ("", "")
+            anchor.calls.append((name, arguments if isinstance(arguments, str) else ""))
     return anchor.value()
 
 
@@ -104,11 +129,12 @@ def _read_response(response: Json, tap: Tap) -> None:
         calls: list[list[str]] = []
         for item in output:
             kind = _type(item)
-            if kind in _CALLS:
-                parts = (item.get("call_id"), item.get("name"), item.get(_CALLS[kind]))
-                strings = [p for p in parts if isinstance(p, str)]
-                if len(strings) == 3:
-                    calls.append([kind, *strings])
+            call = _call(item, kind) if kind in _CALLS else None
+            call_id = item.get("call_id")
+            if call is not None and isinstance(call_id, str):
+                name, value = call
+                text = value if isinstance(value, str) else json.dumps(value)
+                calls.append([kind, call_id, name, text])
         tap.continuable = (ident, calls)
 
 
@@ -143,22 +169,24 @@ class Responses(Dialect):
             kind = _type(item)
             call_id = item.get("call_id")
             if kind in _CALLS:
-                name = item.get("name")
-                if not isinstance(name, str) or not name:
+                call = _call(item, kind)
+                if call is None:
                     continue
-                args = parse_arguments(item.get(_CALLS[kind]))
-                if isinstance(call_id, str):
-                    names[call_id] = name
+                name, args = call[0], parse_arguments(call[1])
+                for ident in (call_id, item.get("id")):  # a local shell's output names either
+                    if isinstance(ident, str):
+                        names[ident] = name
                 events.append(ToolEvent(key_of("step", call_id, i, name, args), "step", name,
                                         args=args, call=id_of(call_id)))  # fmt: skip
             elif kind in _OUTPUTS:
-                name = names.get(call_id) if isinstance(call_id, str) else None
-                if name is None:
+                if not isinstance(call_id, str):
+                    call_id = item.get("id")
+                called = names.get(call_id) if isinstance(call_id, str) else None
+                if called is None:
                     continue  # a result of no call in this request: nothing to pair it with
-                output = item.get("output")
-                text = output if isinstance(output, str) else text_of(output)
-                key = key_of("result", call_id, i, name, text)
-                events.append(ToolEvent(key, "result", name, output=text, call=call_id))
+                text = _output_text(item.get("output"))
+                key = key_of("result", call_id, i, called, text)
+                events.append(ToolEvent(key, "result", called, output=text, call=call_id))
         return events
 
     def opening(self, body: Json) -> Any:
@@ -194,7 +222,7 @@ class Responses(Dialect):
         return [*keys, "conversation:" + conversation] if conversation else keys
 
     def continued(self, body: Json, calls: list[list[str]]) -> Json:
-        made = [{"type": kind, "call_id": call_id, "name": name, _CALLS[kind]: value}
+        made = [{"type": kind, "call_id": call_id, "name": name, _CALLS[kind][1]: value}
                 for kind, call_id, name, value in calls if kind in _CALLS]  # fmt: skip
         return {**body, "input": [*made, *items(body)]}
 
