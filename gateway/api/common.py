@@ -41,6 +41,21 @@ def reply(payload: Any, status: int = 200) -> web.Response:
     return web.Response(body=body, status=status, content_type="application/json")
 
 
+async def body_within(request: web.Request, limit: int) -> bytes | None:
+    """The whole body, however many reads it arrives in (one read gives only
+    what is buffered); None past `limit` bytes, as its Content-Length says or
+    as counted, never read further than that."""
+    if request.content_length is not None and request.content_length > limit:
+        return None
+    parts, size = [], 0
+    async for chunk in request.content.iter_chunked(256 * 1024):
+        size += len(chunk)
+        if size > limit:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)
+
+
 async def json_body(request: web.Request) -> Any:
     """The body's JSON, nested at most MAX_JSON_DEPTH deep: what handlers and
     the guard's normaliser walk (some recursively) can then never run out of

@@ -40,6 +40,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
+from gateway.api.common import body_within
 from gateway.config.llmproxy import ApiConfig, LlmProxyConfig
 from gateway.errors import BotbouncerError
 from gateway.guard.normalize import loads
@@ -227,16 +228,10 @@ class LlmProxy:
 
     async def _read(self, request: web.Request) -> bytes:
         limit = self.config.max_body_bytes
-        too_large = TooLarge(f"request body larger than llm_proxy.max_body_bytes ({limit} bytes)")
-        if request.content_length is not None and request.content_length > limit:
-            raise too_large
-        parts, size = [], 0
-        async for chunk in request.content.iter_chunked(256 * 1024):
-            size += len(chunk)
-            if size > limit:
-                raise too_large
-            parts.append(chunk)
-        return b"".join(parts)
+        body = await body_within(request, limit)
+        if body is None:
+            raise TooLarge(f"request body larger than llm_proxy.max_body_bytes ({limit} bytes)")
+        return body
 
     async def _model_call(
         self,

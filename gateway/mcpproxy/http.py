@@ -27,6 +27,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
+from gateway.api.common import body_within
 from gateway.guard.normalize import loads
 from gateway.llmproxy.wire import HOP_BY_HOP, SseReader, digest
 from gateway.mcpproxy.calls import ToolCalls, compact, dump, dump_batch, is_batch, parse
@@ -81,7 +82,7 @@ class HttpProxy:
         return calls
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        body = await _body(request)
+        body = await body_within(request, MAX_BODY)
         if body is None:
             return web.json_response({"error": f"body over {MAX_BODY} bytes"}, status=413)
         calls = self.calls(request)
@@ -220,19 +221,6 @@ def _same_origin_redirect(url: URL, upstream: aiohttp.ClientResponse) -> URL | N
         return None
     target = url.join(URL(location))
     return target if target.origin() == url.origin() else None
-
-
-async def _body(request: web.Request) -> bytes | None:
-    """The whole request body, however many reads it arrives in; None past MAX_BODY."""
-    if request.content_length is not None and request.content_length > MAX_BODY:
-        return None
-    parts, size = [], 0
-    async for chunk in request.content.iter_chunked(256 * 1024):
-        size += len(chunk)
-        if size > MAX_BODY:
-            return None
-        parts.append(chunk)
-    return b"".join(parts)
 
 
 async def _replaced(raw: bytes, calls: ToolCalls, scope: str) -> bytes:
