@@ -13,6 +13,10 @@ from gateway.errors import InputError
 from gateway.guard.normalize import MAX_JSON_DEPTH, depth_over, loads
 
 MAX_BODY = 64 * 1024
+# The agent guard's routes: a step's arguments and a result's output are what
+# a tool took and gave (a file's text), often past 64 KiB; the guard masks and
+# hashes them, reading at most its first MiB closely (docs/agent-guard.md).
+GUARD_MAX_BODY = 8 * 1024 * 1024
 
 # An ingress handler gets the decoded JSON body and answers (status, JSON body).
 IngressHandler = Callable[[Any], Awaitable[tuple[int, dict[str, Any]]]]
@@ -24,6 +28,12 @@ WebhookHandler = Callable[[web.Request], Awaitable[web.Response]]
 
 class BadRequest(InputError):
     """Raised by handlers for input the client must fix (answered 400)."""
+
+
+class BodyTooLarge(InputError):
+    """A body over the route's limit (answered 413)."""
+
+    status = 413
 
 
 def error(status: int, message: str, **headers: str) -> web.Response:
@@ -56,12 +66,15 @@ async def body_within(request: web.Request, limit: int) -> bytes | None:
     return b"".join(parts)
 
 
-async def json_body(request: web.Request) -> Any:
-    """The body's JSON, nested at most MAX_JSON_DEPTH deep: what handlers and
-    the guard's normaliser walk (some recursively) can then never run out of
-    stack, whatever the route. Checked on the bytes before json.loads (which
-    recurses too), at a cost under a microsecond for a typical body."""
-    raw = await request.read()
+async def json_body(request: web.Request, limit: int = MAX_BODY) -> Any:
+    """The body's JSON (at most `limit` bytes), nested at most MAX_JSON_DEPTH
+    deep: what handlers and the guard's normaliser walk (some recursively)
+    can then never run out of stack, whatever the route. Checked on the bytes
+    before json.loads (which recurses too), at a cost under a microsecond for
+    a typical body."""
+    raw = await body_within(request, limit)
+    if raw is None:
+        raise BodyTooLarge(f"request body larger than {limit} bytes")
     if not raw.strip():
         raise BadRequest("empty body: send a JSON object")
     try:

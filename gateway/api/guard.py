@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from gateway.api.common import error, json_body, reply
+from gateway.api.common import GUARD_MAX_BODY, error, json_body, reply
 from gateway.guard.openapi import OPENAPI
 from gateway.guard.service import Answer, Guard
 from gateway.metrics import Metrics
@@ -35,7 +35,9 @@ class GuardRoutes:
         }
         check = ops[request.match_info["op"]]
         answer: Answer = await check(
-            request.match_info["session"], await json_body(request), request.query.get("profile")
+            request.match_info["session"],
+            await json_body(request, GUARD_MAX_BODY),
+            request.query.get("profile"),
         )
         self.metrics.guard_checks.labels(answer.decision, answer.reason).inc()
         return reply(answer.as_dict(), answer.status)

@@ -149,7 +149,9 @@ class _Base:
         if status in (200, 429) and isinstance(body, dict) and "decision" in body:
             return GuardAnswer.from_json(body)
         error = body.get("error") if isinstance(body, dict) else body
-        if status >= 500 and self.fail_open:
+        # 413: a step or result too large for the guard to take is the
+        # guard's limit, not the agent's fault: the call goes on unguarded.
+        if (status >= 500 or status == 413) and self.fail_open:
             log.warning("guard answered %s (%s); allowing", status, error)
             return OPEN
         raise GuardError(f"guard answered {status}: {error}")

@@ -390,8 +390,13 @@ def tokens(value: Any, limit: int = MAX_TOKENS) -> str:
 
 
 def topic(question: str) -> str:
-    """A question's fingerprint: its words (longer than one letter, so "what's"
-    is "what") minus stop words, as a set, so a reordered re-ask or one with
-    other filler words is the same topic."""
-    kept = {w.lower() for w in _WORD.findall(question) if len(w) > 1} - STOPWORDS
+    """A question's fingerprint: its words minus stop words, as a set, so a
+    reordered re-ask or one with other filler words is the same topic. A
+    lower-case letter alone is no word ("what's" is "what"), but a digit or a
+    capital is ("order 3", "plan B" are not "order 2", "plan A"); a question
+    of stop words alone is its own words, not every such question's topic."""
+    words = _WORD.findall(question)
+    kept = {w.lower() for w in words if len(w) > 1 or not w.islower()} - STOPWORDS
+    if not kept:
+        kept = {w.lower() for w in words}
     return digest(" ".join(sorted(kept)))

@@ -86,6 +86,7 @@ def _responses(answer: bool = True) -> dict[str, Any]:
         out["200"] = _json("allow or warn", ref)
         out["429"] = _json("block", ref)
         out["409"] = _json("the session runs under another profile", _ERROR)
+        out["413"] = _json("a body over 8 MiB", _ERROR)
     out["400"] = _json("bad input; the message names the field", _ERROR)
     out["503"] = _json("the state store is unavailable, or the daemon is stopping", _ERROR)
     return out

@@ -13,7 +13,10 @@ from gateway.errors import InputError
 from gateway.guard import normalize
 from gateway.guard.profiles import BUDGET_TOO_SMALL, MIN_BUDGET_USD
 
-SESSION = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
+SESSION = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
+# Names a path would not reach as a session: the guard's own document's route,
+# and the path segments `.` and `..`, which clients resolve away.
+RESERVED = frozenset({"openapi.json", ".", ".."})
 
 
 class GuardInputError(InputError):
@@ -89,6 +92,8 @@ def parse_body(model: type[_Body], body: Any) -> Any:
 
 
 def check_session(session: str) -> str:
-    if not SESSION.match(session):
+    if not SESSION.fullmatch(session):  # fullmatch: `$` would let a final newline by
         raise GuardInputError("session: use 1-128 of A-Z a-z 0-9 . _ : @ -")
+    if session in RESERVED:
+        raise GuardInputError(f"session: {session!r} is reserved; use another name")
     return session

@@ -11,6 +11,7 @@ an agent can show its model, the evidence, and the budget left.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -117,6 +118,12 @@ def _read(text: str) -> Any:
     if end != len(text):
         raise ValueError(f"guard script: more than one JSON value in {text[:60]!r}")
     return value
+
+
+def _micro_up(usd: float) -> int:
+    """Dollars in micro-dollars, up to the next one: 0.15 is 150,000 (its
+    float's noise rounded away first), 0.0000004 is 1."""
+    return math.ceil(round(usd * MICRO, 6))
 
 
 def _money(micro: int) -> float:
@@ -433,7 +440,9 @@ class Guard:
 
     async def usage(self, session: str, body: Any, profile: str | None = None) -> Answer:
         req = parse_body(UsageBody, body)
-        payload: dict[str, Any] = {"usd": round(req.cost_usd * MICRO), "tok": req.tokens}
+        # Up to the next micro-dollar: rounded to the nearest, a cost under half
+        # of one would count nothing however often it was spent.
+        payload: dict[str, Any] = {"usd": _micro_up(req.cost_usd), "tok": req.tokens}
         if req.budget_usd is not None:
             payload["busd"] = round(req.budget_usd * MICRO)
         if req.budget_tokens is not None:
@@ -460,14 +469,27 @@ class ToolView(BaseModel):
 
 class CallView(BaseModel):
     tool: str | None
-    call: str | None = Field(description="hash of the tool and its normalised arguments")
-    result: str | None = Field(description="hash of its result, null before one is reported")
+    call: str | None = Field(
+        description="the call as a label of this view (c1, c2, ...): equal labels, equal "
+        "calls (the tool and its normalised arguments)"
+    )
+    result: str | None = Field(
+        description="its result as a label of this view (r1, r2, ...): equal labels, equal "
+        "results; null before one is reported"
+    )
+
+
+class SpentView(BaseModel):
+    usd: float
+    tokens: int
 
 
 class SessionView(BaseModel):
     """GET /v1/guard/{session}: what the detectors hold, by documented names.
-    What the agent sent is not repeated: calls and results appear as the
-    hashes the detectors compare, knowledge-base questions only as a count."""
+    What the agent sent is not repeated: calls and results appear as labels
+    of this view (equal labels where the detectors' hashes are equal; a hash
+    of a small argument, a PIN, could be reversed by trying them all),
+    knowledge-base questions only as a count."""
 
     profile: str | None
     created_at: float | None = Field(description="Unix time, seconds")
@@ -483,7 +505,7 @@ class SessionView(BaseModel):
     handoffs: dict[str, Any] = Field(description="`count`, and the `chain` of agents, oldest first")
     knowledge_topics: int
     context: dict[str, int] = Field(description="`total_tokens`, `growth_streak`")
-    spent: dict[str, float] = Field(description="`usd`, `tokens`")
+    spent: SpentView
 
 
 def _ms(value: Any) -> float | None:
@@ -494,8 +516,22 @@ def _count(value: Any) -> int:
     return int(value) if isinstance(value, int | float) else 0
 
 
+class _Labels:
+    """A label per distinct hash, in order of first appearance."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.given: dict[str, str] = {}
+
+    def of(self, digest: Any) -> str | None:
+        if not isinstance(digest, str):
+            return None
+        return self.given.setdefault(digest, f"{self.prefix}{len(self.given) + 1}")
+
+
 def view(state: dict[str, Any]) -> dict[str, Any]:
     """The stored state (compact keys the script keeps small) as a SessionView."""
+    calls, results = _Labels("c"), _Labels("r")
     tools = state.get("tools") or {}
     run = state.get("run") or {}
     cost = state.get("cost") or {}
@@ -518,7 +554,7 @@ def view(state: dict[str, Any]) -> dict[str, Any]:
             if isinstance(t, dict)
         },
         recent_calls=[
-            CallView(tool=e.get("t"), call=e.get("s"), result=e.get("r"))
+            CallView(tool=e.get("t"), call=calls.of(e.get("s")), result=results.of(e.get("r")))
             for e in state.get("hist") or []
             if isinstance(e, dict)
         ],
@@ -534,5 +570,5 @@ def view(state: dict[str, Any]) -> dict[str, Any]:
             "total_tokens": _count(ctx.get("total")),
             "growth_streak": _count(ctx.get("grow")),
         },
-        spent={"usd": _count(cost.get("usd")) / 1_000_000, "tokens": _count(cost.get("tok"))},
+        spent=SpentView(usd=_count(cost.get("usd")) / 1_000_000, tokens=_count(cost.get("tok"))),
     ).model_dump()
