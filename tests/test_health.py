@@ -195,7 +195,12 @@ async def test_redis_out_of_memory_is_degraded_the_whole_time_without_flapping(
     post = poster(http, url)
     try:
         first = await pingpong(post, "before", "ping", "pong")
-        assert len(first.replies) == SOFT and store.outages == 0
+        assert len(first.replies) == SOFT
+        # A call that timed out in a stall of this 2-core machine is an outage
+        # too, over when the probe finds Redis: counted from here on.
+        if store.degraded:
+            await asyncio.wait_for(store.wait_recovered(), 5)
+        before = store.outages
 
         await out_of_memory(redis)
         samples: list[tuple[str, float]] = []
@@ -209,7 +214,7 @@ async def test_redis_out_of_memory_is_degraded_the_whole_time_without_flapping(
             await asyncio.sleep(store.retry_max / 5)  # sampling over time, nothing to await
             samples.append(await health(http, url))
         assert set(samples) == {("degraded", 1.0)}
-        assert store.outages == 1  # left Redis once, never came back meanwhile
+        assert store.outages == before + 1  # left Redis once, never came back meanwhile
         async with http.get(f"{url}/healthz") as r:
             body = await r.json()
         assert "unreachable" in body["error"] and "maxmemory" in body["error"]
