@@ -440,6 +440,8 @@ class LlmProxy:
             price = prices[max(family, key=len)] if family else None
         if price is None:
             if model not in self._unpriced and self._budgets_dollars():
+                if len(self._unpriced) >= 1024:  # model names are the agents' to choose
+                    self._unpriced.clear()
                 self._unpriced.add(model)
                 log.warning("llm proxy: no price for model %.80r in llm_proxy.prices: its "
                             "answers cost 0 against budget.usd", model)  # fmt: skip

@@ -27,6 +27,7 @@ HOP_BY_HOP = frozenset({
 
 # Where one event ends: a blank line, in any of the line endings SSE allows.
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+LINE_END = re.compile(rb"\r\n|\n|\r")  # SSE's, and only those (not U+2028, nor U+0085)
 # An event longer than this without its end is not SSE: it is no longer read
 # (its bytes still pass through untouched).
 MAX_EVENT = 16 * 1024 * 1024
@@ -114,10 +115,11 @@ def uncached(content: Any) -> Any:
     one conversation must read the same on every request."""
     if not isinstance(content, list):
         return content
-    return [
-        {k: v for k, v in b.items() if k not in _CACHE_MARKERS} if isinstance(b, dict) else b
-        for b in content
-    ]
+    return [_unmarked(b) if isinstance(b, dict) else b for b in content]
+
+
+def _unmarked(part: Json) -> Json:
+    return {k: v for k, v in part.items() if k not in _CACHE_MARKERS}
 
 
 def text_of(content: Any) -> str:
@@ -138,8 +140,7 @@ def text_of(content: Any) -> str:
             out.append(p["text"])
             continue
         kind = p.get("type") if isinstance(p.get("type"), str) else "part"
-        held = {k: v for k, v in p.items() if k not in _CACHE_MARKERS}
-        out.append(f"[{kind} {digest(held)[:16]}]")
+        out.append(f"[{kind} {digest(_unmarked(p))[:16]}]")
     return "".join(out)
 
 
@@ -214,7 +215,7 @@ class SseReader:
 
 def _data(raw: bytes) -> str | None:
     lines = []
-    for line in re.split(rb"\r\n|\n|\r", raw):
+    for line in LINE_END.split(raw):
         if line.startswith(b"data:"):
             value = line[5:]
             lines.append(value[1:] if value.startswith(b" ") else value)

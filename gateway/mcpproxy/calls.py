@@ -69,7 +69,7 @@ def _lenient(raw: bytes | str) -> mcp.JSONRPCMessage | None:
 
 def dump(message: mcp.JSONRPCMessage) -> bytes:
     """A message made here (a block's answer, a result with a warning added),
-    compact; the id as the client gave it (_call)."""
+    compact; the id as the client gave it (_odd_id)."""
     return compact(message.model_dump(by_alias=True, exclude_none=True, warnings=False))
 
 
@@ -244,7 +244,7 @@ class ToolCalls:
             )
             blocked: mcp.JSONRPCMessage = mcp.JSONRPCResponse.model_construct(
                 jsonrpc="2.0",
-                id=message.id,  # as the client wrote it (_call)
+                id=message.id,  # as the client wrote it (_odd_id)
                 result=result.model_dump(by_alias=True, exclude_none=True, mode="json"),
             )
             return blocked

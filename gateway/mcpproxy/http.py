@@ -16,7 +16,6 @@ import asyncio
 import itertools
 import json
 import logging
-import re
 from collections import OrderedDict
 from collections.abc import Callable
 from urllib.parse import urlsplit
@@ -29,7 +28,7 @@ from yarl import URL
 
 from gateway.api.common import body_within
 from gateway.guard.normalize import loads
-from gateway.llmproxy.wire import HOP_BY_HOP, SseReader, digest
+from gateway.llmproxy.wire import HOP_BY_HOP, LINE_END, SseReader, digest
 from gateway.mcpproxy.calls import ToolCalls, compact, dump, dump_batch, is_batch, parse
 from gateway.mcpproxy.stdio import MAX_LINE
 
@@ -252,12 +251,10 @@ async def _event(raw: bytes, data: str | None, calls: ToolCalls, scope: str) -> 
     replaced = await _replaced(encoded, calls, scope)
     if replaced is encoded:
         return raw
-    text = raw.decode("utf-8", "replace")
-    # SSE's line ends only: str.splitlines() also splits at U+2028 and U+0085,
-    # which a tool's text may hold raw, and would make a field of the rest.
-    lines = [ln for ln in re.split(r"\r\n|\r|\n", text) if ln and not ln.startswith("data:")]
-    lines.append("data: " + replaced.decode())
-    return ("\n".join(lines) + "\n\n").encode()
+    # SSE's line ends only: a tool's text may hold U+2028 or U+0085 raw, and
+    # split there the rest of its line would become a field of the event.
+    lines = [ln for ln in LINE_END.split(raw) if ln and not ln.startswith(b"data:")]
+    return b"\n".join([*lines, b"data: " + replaced]) + b"\n\n"
 
 
 def _jsonrpc_error(body: bytes, text: str) -> web.Response:

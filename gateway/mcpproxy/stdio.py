@@ -95,6 +95,26 @@ async def _piece(reader: asyncio.StreamReader) -> tuple[bytes, bool]:
         return await reader.read(max(exc.consumed, 1)), False
 
 
+def _judged(read: Read, whose: str) -> Read:
+    """`read` telling what to do with each piece: (bytes, True) a whole line
+    to read, (bytes, False) a piece of a line too long to read, to pass on
+    unread (a WARNING says so once a line); b"" at the end."""
+    passing = False  # inside a line too long to read
+
+    async def judged() -> tuple[bytes, bool]:
+        nonlocal passing
+        piece, whole = await read()
+        if not piece or not (passing or not whole):
+            return piece, True
+        if not passing:
+            log.warning("mcp proxy: a message of the %s's over %d bytes is passed on unread",
+                        whose, MAX_LINE)  # fmt: skip
+        passing = not whole
+        return piece, False
+
+    return judged
+
+
 async def _input(stream: BinaryIO) -> Read:
     """A reader of the client's side of stdin."""
     if not _pipe_or_socket(stream):  # a terminal, /dev/null, a file
@@ -192,27 +212,22 @@ async def run(
     to_child, from_child = child.stdin, child.stdout
     out = Output(stdout or sys.stdout.buffer)
     await out.open()
-    read = await _input(stdin or sys.stdin.buffer)
+    from_client = _judged(await _input(stdin or sys.stdin.buffer), "client")
+    from_server = _judged(lambda: _piece(from_child), "server")
 
     async def client_side() -> None:
-        passing = False  # inside a line too long to read: passed on unread
         while True:
-            line, whole = await read()
+            line, readable = await from_client()
             if not line:
                 break
-            if passing or not whole:
-                if not passing:
-                    log.warning("mcp proxy: a message of the client's over %d bytes is passed "
-                                "on unread", MAX_LINE)  # fmt: skip
-                passing = not whole
-            elif is_batch(line):
+            if readable and is_batch(line):
                 batch = await calls.from_client_batch(line)
                 if batch.answers:
                     await out.write(dump_batch(batch.answers) + b"\n")
                 if batch.forward is None:
                     continue
                 line = batch.forward if batch.forward.endswith(b"\n") else batch.forward + b"\n"
-            else:
+            elif readable:  # (a piece of a line too long to read goes on unread)
                 message = parse(line)
                 answer = await calls.from_client(message) if message is not None else None
                 if answer is not None:
@@ -227,19 +242,11 @@ async def run(
 
     async def server_side() -> bool:
         """Relays the child's lines; True when it stopped because the client left."""
-        passing = False  # inside a line too long to read: passed on unread
         while True:
-            line, whole = await _piece(from_child)
+            line, readable = await from_server()
             if not line:
                 break
-            instead = None
-            if passing or not whole:
-                if not passing:
-                    log.warning("mcp proxy: a message of the server's over %d bytes is passed "
-                                "on unread", MAX_LINE)  # fmt: skip
-                passing = not whole
-            else:
-                instead = await calls.from_server_raw(line)
+            instead = await calls.from_server_raw(line) if readable else None
             try:
                 await out.write(instead + b"\n" if instead is not None else line)
             except (ConnectionError, BrokenPipeError):
