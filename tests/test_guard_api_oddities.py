@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from gateway.guard import normalize
 from gateway.guard.client import AsyncGuardClient
 from gateway.guard.engine import MemoryEngine
 from gateway.guard.profiles import GuardConfig
@@ -46,8 +47,6 @@ async def test_session_names_a_path_cannot_serve_are_refused(name: str) -> None:
 async def test_the_state_view_gives_no_hash_of_what_the_agent_sent() -> None:
     # Breaks if recent_calls shows the detectors' own hash of the tool and its
     # arguments: a small argument (a PIN) was found by hashing all 10,000.
-    from gateway.guard import normalize
-
     guard = Guard(GuardConfig(), MemoryEngine())
     for pin in ("4821", "4821", "1111"):
         await guard.step("s", {"tool": "unlock", "args": {"pin": pin}})

@@ -9,16 +9,30 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import aiohttp
 import pytest
+from yarl import URL
 
+from gateway.llmproxy.anthropic import AnthropicStreamTap
 from gateway.llmproxy.openai import OpenAI
+from gateway.llmproxy.session import Seen
 from gateway.llmproxy.wire import in_call_order
-from tests.fakes.llm import FakeLLM, answer, status
-from tests.llm_proxy import proxy_daemon, raw_post
+from gateway.store import open_store
+from tests.fakes.llm import FakeLLM, answer, repeat_tool_call, status, tool_call
+from tests.llm_proxy import openai_client, proxy_daemon, raw_post, responses_agent
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
 ]
+
+
+async def verdicts(route: str, bodies: list[dict[str, Any]], **headers: str) -> list[str]:
+    """The guard's verdict on each request in turn: X-Botbouncer-Guard, else allow."""
+    out = []
+    for body in bodies:
+        _, said, _, _ = await raw_post(route, body, **headers)
+        out.append(said.get("X-Botbouncer-Guard", "allow"))
+    return out
 
 
 def call(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -100,13 +114,10 @@ async def test_parallel_polls_of_one_tool_are_judged_as_the_same_polls_one_a_tur
         llm.default = answer("waiting")
         async with proxy_daemon(llm, "memory://", None) as (d, url):
             route = f"{url}/llm/openai/v1/chat/completions"
-            verdicts = []
-            for turns in range(1, 7):
-                _, said, _, _ = await raw_post(route, parallel_history(turns),
-                                               **{"X-Botbouncer-Session": "jobs"})  # fmt: skip
-                verdicts.append(said.get("X-Botbouncer-Guard", "allow"))
+            bodies = [parallel_history(turns) for turns in range(1, 7)]
+            said = await verdicts(route, bodies, **{"X-Botbouncer-Session": "jobs"})
             state = await d.guard.state("jobs")
-    assert not [v for v in verdicts if v.startswith("block")], verdicts
+    assert not [v for v in said if v.startswith("block")], said
     assert state is not None
     results = [c["result"] for c in state["recent_calls"]]
     assert None not in results
@@ -179,8 +190,6 @@ async def test_prompt_caching_marks_do_not_move_a_conversation_to_another_sessio
     # Breaks if the opening the fingerprint reads keeps Anthropic's
     # cache_control marks, which the caching pattern moves from turn to
     # turn: the first answer's usage went to a session never used again.
-    from tests.fakes.llm import tool_call
-
     async with FakeLLM() as llm:
         llm.then(tool_call("read", {"path": "a.py"}, id="toolu_A1", usage=(5000, 100)))
         llm.default = answer("done", usage=(5000, 100))
@@ -208,9 +217,6 @@ async def test_block_mode_stop_in_a_conversation_the_upstream_keeps_asks_the_mod
     # stored response with an answer written here: the upstream never held
     # that response, and the agent's next turn was refused there. The model
     # is asked with tools off instead.
-    from tests.fakes.llm import repeat_tool_call
-    from tests.llm_proxy import openai_client, responses_agent
-
     async with FakeLLM() as llm:
         llm.default = repeat_tool_call("get_weather", {"city": "Brest"}, otherwise="Grey.")
         async with proxy_daemon(llm, "memory://", None, block_mode="stop") as (_, url):
@@ -225,9 +231,6 @@ async def test_paths_reach_the_upstream_as_sent_and_never_above_its_base() -> No
     # in a file id became a query or cut the path, `%2E%2E` climbed out of
     # the upstream's base path (with a configured key attached), and
     # `/v1/./chat/completions` reached the model route unguarded.
-    import aiohttp
-    from yarl import URL
-
     async with FakeLLM() as llm:
         llm.default = answer("fine")
         async with proxy_daemon(llm, "memory://", None) as (_, url):
@@ -275,9 +278,6 @@ async def test_a_long_history_and_a_short_one_in_turn_are_each_fed_once() -> Non
     # Breaks if the keys kept of the history before the last are cut oldest
     # last: a main agent's history of 140 calls (280 events) beside a
     # sub-agent's had its oldest events fed again at every switch.
-    from gateway.llmproxy.session import Seen
-    from gateway.store import open_store
-
     def history(prefix: str, calls: int) -> list[Any]:
         return OpenAI().tool_events(searches(prefix, [f"q{i}" for i in range(calls)]))
 
@@ -326,13 +326,9 @@ async def test_custom_tool_calls_of_chat_completions_are_guarded() -> None:
         llm.default = answer("fine")
         async with proxy_daemon(llm, "memory://", None) as (_, url):
             route = f"{url}/llm/openai/v1/chat/completions"
-            verdicts = []
-            for turns in (1, 2, 3, 4):
-                _, said, _, _ = await raw_post(
-                    route, custom_history(turns), **{"X-Botbouncer-Session": "sql"}
-                )
-                verdicts.append(said.get("X-Botbouncer-Guard", "allow"))
-    assert verdicts == ["allow", "allow", "warn identical_call", "block identical_call"]
+            bodies = [custom_history(turns) for turns in (1, 2, 3, 4)]
+            said = await verdicts(route, bodies, **{"X-Botbouncer-Session": "sql"})
+    assert said == ["allow", "allow", "warn identical_call", "block identical_call"]
 
 
 def test_prompt_caching_marks_leave_an_openai_opening_as_it_was() -> None:
@@ -351,8 +347,6 @@ def test_a_stream_s_input_count_is_not_undone_by_a_later_zero() -> None:
     # Breaks if message_delta's input count replaces message_start's when it
     # is lower: a compatible server that sends 0 (or null) there made a
     # 20,000-token prompt cost nothing against the budget.
-    from gateway.llmproxy.anthropic import AnthropicStreamTap
-
     tap = AnthropicStreamTap()
     start = {"type": "message_start", "message": {"usage": {
         "input_tokens": 100, "cache_read_input_tokens": 20_000, "output_tokens": 1}}}  # fmt: skip
@@ -391,9 +385,6 @@ async def test_a_responses_computer_or_shell_loop_is_stopped(item: str) -> None:
         llm.default = answer("fine")
         async with proxy_daemon(llm, "memory://", None) as (_, url):
             route = f"{url}/llm/openai/v1/responses"
-            verdicts = []
-            for turns in (1, 2, 3, 4):
-                _, said, _, _ = await raw_post(route, computer_use(turns, item))
-                verdicts.append(said.get("X-Botbouncer-Guard", "allow"))
-    assert verdicts[-2:] == ["warn identical_call", "block identical_call"]
+            said = await verdicts(route, [computer_use(turns, item) for turns in (1, 2, 3, 4)])
+    assert said == ["allow", "allow", "warn identical_call", "block identical_call"]
     assert llm.calls[-1].tool_choice == "none"

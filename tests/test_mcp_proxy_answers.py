@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import sys
 from typing import Any
 
 import pytest
@@ -16,8 +18,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from gateway.llmproxy.wire import SseReader
+from gateway.mcpproxy import stdio
 from gateway.mcpproxy.calls import NOTE, ToolCalls, parse
-from gateway.mcpproxy.http import HttpProxy, _event
+from gateway.mcpproxy.http import HttpProxy, _event, sse_reader
 from tests.test_mcp_proxy_oddities import guarded
 
 
@@ -191,8 +194,6 @@ def test_an_sse_event_as_large_as_a_stdio_line_is_read() -> None:
     # Breaks if the HTTP proxy reads a server's stream with the LLM proxy's
     # 16 MiB bound: a larger result (a picture) made the stream count as no
     # SSE, and every later answer on it went unrecorded.
-    from gateway.mcpproxy.http import sse_reader
-
     reader = sse_reader()
     big = b"event: message\ndata: " + b"x" * (17 << 20) + b"\n\n"
     events = [e for i in range(0, len(big), 1 << 16) for e in reader.feed(big[i : i + (1 << 16)])]
@@ -216,11 +217,6 @@ async def test_a_message_too_long_to_read_is_passed_on_unread(
     # relay with a traceback, or loses the lines after it: it is a relay's
     # to pass on, whole and in order, the guard not reading it (a WARNING
     # says so).
-    import os
-    import sys
-
-    from gateway.mcpproxy import stdio
-
     monkeypatch.setattr(stdio, "MAX_LINE", 4096)
     client_r, proxy_w = os.pipe()
     proxy_r, client_w = os.pipe()
