@@ -128,9 +128,16 @@ class Metrics:
             "botbouncer_llm_proxy_requests",
             "LLM proxy requests by API and what was done: forwarded, noted (a warning as a "
             "note), tools_disabled, stopped, budget_exhausted, passthrough (not a model call), "
-            "fail_open (the store failed), unreachable, timeout, upstream_broke, agent_left, "
-            "too_large.",
+            "fail_open (the store failed), too_large, bad_path, invalid_session, "
+            "guard_conflict, shutting_down.",
             ["api", "action"], registry=r,
+        )  # fmt: skip
+        self.llm_failed = Counter(
+            "botbouncer_llm_proxy_failed",
+            "LLM proxy requests sent on that did not end well, by API and how: unreachable, "
+            "timeout, upstream_broke (the answer broke off), agent_left (the agent hung up "
+            "mid-answer). Each is also one of botbouncer_llm_proxy_requests_total.",
+            ["api", "how"], registry=r,
         )  # fmt: skip
         self.llm_tokens = Counter(
             "botbouncer_llm_proxy_tokens", "Tokens the upstreams reported, by API and kind.",

@@ -159,14 +159,18 @@ def exposed(text: str) -> dict[str, set[str]]:
 
 async def scrape_after_traffic() -> str:
     """A daemon with a bot, the LLM proxy and an alert target, after one
-    answered message, an agent blocked (which sends an alert) and one proxied
-    model call: every labelled counter has a sample."""
+    answered message, an agent blocked (which sends an alert), one proxied
+    model call and one whose upstream is down: every labelled counter has a
+    sample."""
     async with FakeLLM() as llm, FakeWebhook() as hook:
         llm.default = answer("Fine.", usage=(12, 3))
         config = {
             "store": {"url": "memory://"},
             "http": {"listen": f"127.0.0.1:{free_port()}"},
-            "llm_proxy": {"openai": {"upstream": llm.anthropic_base_url}},
+            "llm_proxy": {
+                "openai": {"upstream": llm.anthropic_base_url},
+                "anthropic": {"upstream": f"http://127.0.0.1:{free_port()}"},  # nobody there
+            },
             "alerts": [{"type": "webhook", "url": hook.url, "events": ["guard_block"]}],
             "bots": [{"name": "helper", "platform": "http", "backend": {"type": "echo"}}],
         }
@@ -185,6 +189,9 @@ async def scrape_after_traffic() -> str:
                 body = {"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]}
                 async with http.post(f"{url}/llm/openai/v1/chat/completions", json=body) as r:
                     assert r.status == 200
+                body = {"model": "m", "max_tokens": 5, "messages": body["messages"]}
+                async with http.post(f"{url}/llm/anthropic/v1/messages", json=body) as r:
+                    assert r.status == 502  # counted as failed, by how
                 for _ in range(100):  # the alert goes out off the decision path
                     async with http.get(f"{url}/metrics") as r:
                         text = await r.text()
@@ -213,12 +220,17 @@ LABEL_VALUES: dict[tuple[str, str], set[str]] = {
         "budget_exhausted",
         "passthrough",
         "fail_open",
+        "too_large",
+        "bad_path",
+        "invalid_session",
+        "guard_conflict",
+        "shutting_down",
+    },
+    ("botbouncer_llm_proxy_failed_total", "how"): {
         "unreachable",
         "timeout",
         "upstream_broke",
         "agent_left",
-        "too_large",
-        "shutting_down",
     },
     ("botbouncer_llm_proxy_tokens_total", "kind"): {"input", "output"},
     ("botbouncer_alerts_total", "outcome"): {"sent", "failed", "dropped", "duplicate"},

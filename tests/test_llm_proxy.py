@@ -467,9 +467,22 @@ async def test_an_unreachable_upstream_is_a_502_in_the_apis_shape(
 ) -> None:
     async with FakeLLM() as llm:
         pass  # stopped: its port answers nothing now
-    async with proxy_daemon(llm, redis_url, key_prefix) as (_, url):
+    async with proxy_daemon(llm, redis_url, key_prefix) as (d, url):
         o, a = await refused_by_both(url)
+        counted = {
+            (s.labels["api"], s.labels.get("action") or s.labels["how"]): s.value
+            for m in (d.metrics.llm_requests, d.metrics.llm_failed)
+            for c in m.collect()
+            for s in c.samples
+            if s.name.endswith("_total")
+        }
     assert o.status_code == 502 and a.status_code == 502
+    # One request each: counted once by what was done, once by how it failed,
+    # so a sum over the actions is the number of requests.
+    assert counted == {
+        ("openai", "forwarded"): 1, ("openai", "unreachable"): 1,
+        ("anthropic", "forwarded"): 1, ("anthropic", "unreachable"): 1,
+    }  # fmt: skip
     assert o.body["code"] == "upstream_unreachable"  # type: ignore[index]
     assert a.body["error"]["type"] == "api_error"  # type: ignore[index]
     assert "is unreachable" in str(o)
@@ -770,8 +783,8 @@ async def test_an_agent_that_leaves_mid_stream_is_not_the_upstreams_fault(
             ):
                 await resp.content.readany()  # the first part, then gone
             await asyncio.sleep(1.0)  # the upstream's rest meets a closed connection
-            left = d.metrics.llm_requests.labels("openai", "agent_left")._value.get()
-            broke = d.metrics.llm_requests.labels("openai", "upstream_broke")._value.get()
+            left = d.metrics.llm_failed.labels("openai", "agent_left")._value.get()
+            broke = d.metrics.llm_failed.labels("openai", "upstream_broke")._value.get()
     assert (left, broke) == (1, 0)
     assert "upstream broke off" not in caplog.text
 

@@ -515,13 +515,13 @@ class LlmProxy:
                 allow_redirects=False,
             )
         except TimeoutError:
-            self._count(dialect.name, "timeout")
+            self._failed(dialect.name, "timeout")
             log.warning("llm proxy: %s upstream %s did not answer within %gs", dialect.name,
                         api.upstream, t.read_seconds)  # fmt: skip
             return self._error(dialect, 504, f"the upstream {api.upstream} did not answer in "
                                f"time", "upstream_timeout", headers)  # fmt: skip
         except aiohttp.ClientError as exc:
-            self._count(dialect.name, "unreachable")
+            self._failed(dialect.name, "unreachable")
             log.warning("llm proxy: %s upstream %s unreachable: %s", dialect.name, api.upstream,
                         exc)  # fmt: skip
             why = f"the upstream {api.upstream} is unreachable: {type(exc).__name__}"
@@ -562,11 +562,11 @@ class LlmProxy:
                     await out.write(rest)
             await out.write_eof()
         except ConnectionResetError:  # before ClientError: aiohttp's is both
-            self._count(dialect.name, "agent_left")  # the agent went away mid-answer
+            self._failed(dialect.name, "agent_left")  # the agent went away mid-answer
         except (aiohttp.ClientError, TimeoutError) as exc:
             # Mid-answer: the status is sent, so the agent learns of it by the
             # connection dropping before the answer's end.
-            self._count(dialect.name, "upstream_broke")
+            self._failed(dialect.name, "upstream_broke")
             log.warning("llm proxy: %s upstream broke off its answer: %s", dialect.name,
                         type(exc).__name__)  # fmt: skip
             if request.transport is not None:
@@ -591,3 +591,8 @@ class LlmProxy:
 
     def _count(self, api: str, action: str) -> None:
         self.metrics.llm_requests.labels(api, action).inc()
+
+    def _failed(self, api: str, how: str) -> None:
+        """A request sent on that went wrong: counted by how, beside what was
+        done with it (its one count in llm_requests)."""
+        self.metrics.llm_failed.labels(api, how).inc()
