@@ -38,6 +38,7 @@ from gateway.errors import BotbouncerError, StartupError
 from gateway.http import HttpServer
 from gateway.inflight import ShuttingDown
 from gateway.model import Action, Author, ChatKind, ChatRef, Decision, Message
+from gateway.outbound import client_session
 from gateway.pipeline import Gateway
 from gateway.store import StoreError
 
@@ -206,7 +207,7 @@ class MatrixAdapter:
         """whoami (a bad token, or a token of another account, stops the
         daemon), the display name, then the sync loop from the saved position."""
         assert self.bot.token is not None
-        self._http = aiohttp.ClientSession()
+        self._http = client_session()
         http = HTTPAPI(self.settings.homeserver, self.bot.token.get_secret_value(),
                        client_session=self._http, default_retry_count=0)  # fmt: skip
         self.api = ClientAPI(UserID(self.user_id), api=http)

@@ -55,6 +55,7 @@ from gateway.errors import BotbouncerError, StartupError
 from gateway.http import HttpServer
 from gateway.inflight import ShuttingDown
 from gateway.model import Action, Author, ChatKind, ChatRef, Decision, Message
+from gateway.outbound import client_session
 from gateway.pipeline import Gateway
 from gateway.store import StoreError
 
@@ -252,7 +253,7 @@ class SlackAdapter:
         """auth.test (a bad bot token stops the daemon), then Socket Mode
         (apps.connections.open: a bad app token stops it too) or the webhook."""
         assert self.bot.token is not None and self.bot.slack is not None  # checked in __init__
-        self._http = aiohttp.ClientSession()
+        self._http = client_session()
         self.web = web_client(self.bot.token.get_secret_value(), self.bot.api_base, self._http)
         try:
             me = await self.web.auth_test()

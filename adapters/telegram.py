@@ -53,6 +53,7 @@ from gateway.config import BotConfig
 from gateway.errors import BotbouncerError, StartupError
 from gateway.http import BadRequest, HttpServer, error, json_body
 from gateway.model import Action, Author, ChatKind, ChatRef, Decision, Message
+from gateway.outbound import client_session
 from gateway.pipeline import Gateway
 from gateway.store import StoreError
 
@@ -407,7 +408,7 @@ class TelegramAdapter:
             log.info("bot %s: privacy mode is on, so in groups it sees only commands, replies "
                      "and mentions (BotFather /setprivacy)", self.bot.name)  # fmt: skip
         await self._register_commands()
-        self._http = aiohttp.ClientSession(timeout=SEND_TIMEOUT)
+        self._http = client_session(timeout=SEND_TIMEOUT)
         try:
             await self.app.start()
             if self.webhook is not None:

@@ -30,6 +30,7 @@ import aiohttp
 from gateway.config.alerts import AlertTarget
 from gateway.errors import BotbouncerError
 from gateway.model import Action, Decision, Reason
+from gateway.outbound import client_session
 
 if TYPE_CHECKING:
     from gateway.config import BotConfig
@@ -170,7 +171,7 @@ class Alerts:
         self._client: aiohttp.ClientSession | None = None
 
     def start(self) -> None:
-        self._client = aiohttp.ClientSession(trust_env=False)
+        self._client = client_session()
         self._tasks = [
             asyncio.create_task(self._run(i, t, q), name=f"alerts-{i}")
             for i, (t, q) in enumerate(zip(self.targets, self._queues, strict=True))

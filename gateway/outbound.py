@@ -2,11 +2,25 @@
 
 Created lazily inside the running loop, closed by whoever owns it (the daemon,
 replay, a test): connection pooling is shared, nothing leaks.
+
+Every client session botbouncer makes for calls leaving the host (this one,
+the platform adapters', the LLM and MCP proxies', the alerts') comes from
+`client_session`, which honours HTTP_PROXY, HTTPS_PROXY and NO_PROXY as
+httpx and the platform SDKs do.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import aiohttp
+
+
+def client_session(**kwargs: Any) -> aiohttp.ClientSession:
+    """An aiohttp client session that takes its proxy from the environment
+    (HTTP_PROXY, HTTPS_PROXY, NO_PROXY): on a host whose only way out is a
+    proxy, as the other clients on it do."""
+    return aiohttp.ClientSession(trust_env=True, **kwargs)
 
 
 class Outbound:
@@ -16,7 +30,7 @@ class Outbound:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
+            self._session = client_session(
                 headers={"User-Agent": "botbouncer"},
                 # Each call sets its own total timeout; this only bounds a stuck connect.
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),

@@ -34,6 +34,14 @@ from tests.synapse import Synapse
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/15"
 
+# Every server in the tests is on 127.0.0.1: a proxy in the environment of
+# the machine running them (which the clients honour) must not be asked.
+os.environ["NO_PROXY"] = os.environ["no_proxy"] = ",".join(
+    filter(
+        None, [os.environ.get("NO_PROXY") or os.environ.get("no_proxy"), "127.0.0.1", "localhost"]
+    )
+)
+
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:

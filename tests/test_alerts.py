@@ -18,6 +18,7 @@ import gateway.alerts
 from gateway.config import ConfigError, parse_config
 from gateway.daemon import Daemon
 from tests.daemons import forget, pingpong, redis_of
+from tests.fakes.forward_proxy import ForwardProxy
 from tests.fakes.webhook import FakeWebhook, hang, reply_json
 from tests.redis_server import free_port
 
@@ -248,3 +249,21 @@ def test_alert_urls_are_masked_in_the_config() -> None:
     text = yaml.safe_dump({"alerts": [{"type": "slack", "url": "https://hooks.slack.com/T/B/x"}],
                            "bots": [bot("alpha")]})  # fmt: skip
     assert "hooks.slack.com" not in repr(parse_config(text, env={}))
+
+
+async def test_alerts_go_through_the_proxy_the_environment_names(
+    redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Breaks if the alert client ignores HTTP(S)_PROXY: on a host whose only
+    # way out is a proxy, every alert failed to be sent.
+    async with FakeWebhook() as hook, ForwardProxy() as proxy, aiohttp.ClientSession() as http:
+        hook.default = reply_json({})
+        for name in ("NO_PROXY", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        alerts = [{"type": "webhook", "url": hook.url}]
+        async with replicas(1, redis_url, key_prefix, alerts, bot("alpha"), bot("beta")) as ds:
+            await pingpong(poster(http, ds, []), "room-1", "alpha", "beta")
+            await settle(ds[0])
+    assert [r["event"] for r in hook.requests] == ["limit_reached"]
+    assert proxy.seen == [hook.url]

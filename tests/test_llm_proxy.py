@@ -22,6 +22,7 @@ from aiohttp import web
 from gateway.llmproxy.wire import with_key
 from gateway.store import StoreError
 from gateway.store.failover import FailoverStore
+from tests.fakes.forward_proxy import ForwardProxy
 from tests.fakes.llm import Behaviour, Exchange, FakeLLM, answer, hang, repeat_tool_call, status
 from tests.llm_proxy import (
     WEATHER_TOOL,
@@ -460,6 +461,27 @@ async def test_upstream_errors_pass_through_with_their_status(
             o, a = await refused_by_both(url)
     assert (o.status_code, a.status_code) == (code, code)
     assert "upstream says no" in str(o) and "upstream says no" in str(a)
+
+
+async def test_the_upstream_is_reached_through_the_proxy_the_environment_names(
+    redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Breaks if the LLM proxy ignores HTTP(S)_PROXY, which the SDKs it stands
+    # in for honour: on a host whose only way out is a proxy, every agent
+    # pointed at the daemon got a 502.
+    async with FakeLLM() as llm, ForwardProxy() as forward:
+        llm.default = answer("Fine.")
+        for name in ("NO_PROXY", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HTTP_PROXY", forward.url)
+        async with proxy_daemon(llm, redis_url, key_prefix) as (_, url):
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            async with (  # aiohttp, unlike the SDKs, ignores the environment by default
+                aiohttp.ClientSession() as http,
+                http.post(f"{url}/llm/openai/v1/chat/completions", json=body) as resp,
+            ):
+                assert resp.status == 200, await resp.text()
+    assert len(forward.seen) == 1 and forward.seen[0].endswith("/chat/completions")
 
 
 async def test_an_unreachable_upstream_is_a_502_in_the_apis_shape(

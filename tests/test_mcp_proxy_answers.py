@@ -21,6 +21,8 @@ from gateway.llmproxy.wire import SseReader
 from gateway.mcpproxy import stdio
 from gateway.mcpproxy.calls import NOTE, ToolCalls, parse
 from gateway.mcpproxy.http import HttpProxy, _event, sse_reader
+from tests.fakes.forward_proxy import ForwardProxy
+from tests.redis_server import free_port
 from tests.test_mcp_proxy_oddities import guarded
 
 
@@ -237,3 +239,89 @@ async def test_a_message_too_long_to_read_is_passed_on_unread(
     assert got == long + short + long + short
     assert code == 0
     assert caplog.text.count("over 4096 bytes is passed on unread") == 4  # each way, each time
+
+
+async def test_a_server_that_is_down_is_a_failure_not_a_call_held_forever() -> None:
+    # Breaks if a call the proxy could not forward (a 502 it answers itself)
+    # stays pending in a stateful session and goes unrecorded: the calls were
+    # held until the session ended, and an agent retrying a server that is
+    # down, a different query each time, was never stopped.
+    proxy = HttpProxy(f"http://127.0.0.1:{free_port()}/mcp", guarded)  # nobody there
+    headers = {"Mcp-Session-Id": "abc"}
+    statuses = []
+    async with TestClient(TestServer(proxy.app)) as client:
+        for i in range(1, 9):
+            line = request(i, "search", {"q": i})
+            async with client.post("/mcp", data=line, headers=headers) as r:
+                got = await r.json()
+                statuses.append(r.status)
+                assert got["id"] == i
+            if r.status == 200:
+                assert got["result"]["isError"] and NOTE in got["result"]["content"][0]["text"]
+                break
+            assert "unreachable" in got["error"]["message"]
+        [calls] = proxy._calls.values()
+        await calls.settle()
+        assert not calls.pending
+    assert statuses[0] == 502 and statuses[-1] == 200  # blocked once failures ran on
+
+
+async def test_a_call_the_server_refused_with_an_http_error_is_not_held() -> None:
+    # Breaks if a call refused with an HTTP error (a body that is no
+    # JSON-RPC answer, as a gateway in front of the server writes) stays
+    # pending until its session ends.
+    async def refuse(request: web.Request) -> web.Response:
+        return web.Response(status=503, text="upstream overloaded")
+
+    app = web.Application()
+    app.router.add_post("/mcp", refuse)
+    async with TestServer(app) as upstream:
+        proxy = HttpProxy(str(upstream.make_url("/mcp")), guarded)
+        async with TestClient(TestServer(proxy.app)) as client:
+            headers = {"Mcp-Session-Id": "abc"}
+            async with client.post("/mcp", data=request(1, "a"), headers=headers) as resp:
+                assert resp.status == 503 and await resp.text() == "upstream overloaded"
+            [calls] = proxy._calls.values()
+            await calls.settle()
+            assert not calls.pending
+
+
+async def test_a_batch_to_a_server_that_is_down_keeps_the_answers_given_here() -> None:
+    # Breaks if the 502 for a batch answers one null id: the calls the proxy
+    # blocked in it got no answer at all, and the forwarded ones none by id.
+    calls = guarded()
+    for i in (1, 2, 3):  # a fourth identical call is blocked
+        await call(calls, request(i, "same", {"q": 1}), {"content": []})
+    proxy = HttpProxy(f"http://127.0.0.1:{free_port()}/mcp", lambda _: calls)
+    async with TestClient(TestServer(proxy.app)) as client:
+        batch = b"[" + request(10, "same", {"q": 1}) + b"," + request(11, "other") + b"]"
+        async with client.post("/mcp", data=batch) as resp:
+            assert resp.status == 502
+            got = {m["id"]: m for m in await resp.json()}
+    assert set(got) == {10, 11}
+    assert got[10]["result"]["isError"] and "error" in got[11]
+
+
+async def test_the_upstream_is_reached_through_the_proxy_the_environment_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Breaks if the HTTP proxy ignores HTTP(S)_PROXY: behind a proxy that is
+    # a host's only way out, a remote MCP server was unreachable.
+    async def served(request: web.Request) -> web.Response:
+        got = await request.json()
+        return web.json_response({"jsonrpc": "2.0", "id": got["id"], "result": {"content": []}})
+
+    app = web.Application()
+    app.router.add_post("/mcp", served)
+    async with TestServer(app) as upstream, ForwardProxy() as forward:
+        for name in ("NO_PROXY", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("HTTP_PROXY", forward.url)
+        where = str(upstream.make_url("/mcp"))
+        proxy = HttpProxy(where, guarded)
+        async with (
+            TestClient(TestServer(proxy.app)) as client,
+            client.post("/mcp", data=request(1, "search", {"q": "x"})) as resp,
+        ):
+            assert resp.status == 200 and (await resp.json())["id"] == 1
+    assert forward.seen == [where]

@@ -63,6 +63,7 @@ from gateway.llmproxy.wire import (
     in_call_order,
 )
 from gateway.metrics import Metrics
+from gateway.outbound import client_session
 from gateway.store import Store, StoreError
 
 log = logging.getLogger("botbouncer.llm_proxy")
@@ -174,10 +175,8 @@ class LlmProxy:
 
     def _session(self) -> aiohttp.ClientSession:
         if self._client is None or self._client.closed:
-            self._client = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
-                auto_decompress=True,
-                trust_env=False,
+            self._client = client_session(
+                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300), auto_decompress=True
             )
         return self._client
 

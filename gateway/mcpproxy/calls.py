@@ -400,6 +400,22 @@ class ToolCalls:
 
         self._track(forget())
 
+    def unanswered(self, raw: bytes, scope: Scope) -> None:
+        """The calls a request held whose answers cannot come (the server
+        refused the request with an HTTP error, or could not be reached): no
+        longer pending once what was relayed of the answers is recorded."""
+        ids = [m.id for m in _messages(raw) if isinstance(m, mcp.JSONRPCRequest)]
+        if not any((scope, rid) in self.pending for rid in ids):
+            return
+        relayed = list(self.recording)
+
+        async def unanswered() -> None:
+            await asyncio.gather(*relayed, return_exceptions=True)  # settle() says how they ended
+            for rid in ids:
+                self.pending.pop((scope, rid), None)
+
+        self._track(unanswered())
+
     def _track(self, record: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(record)
         self.recording.add(task)

@@ -31,6 +31,7 @@ from gateway.guard.normalize import loads
 from gateway.llmproxy.wire import HOP_BY_HOP, LINE_END, SseReader, digest
 from gateway.mcpproxy.calls import ToolCalls, compact, dump, dump_batch, is_batch, parse
 from gateway.mcpproxy.stdio import MAX_LINE
+from gateway.outbound import client_session
 
 log = logging.getLogger("botbouncer.mcp_proxy")
 
@@ -89,8 +90,10 @@ class HttpProxy:
         # exchange's, whose answers come in its own response.
         scope = request.headers.get(SESSION_HEADER) or f"exchange-{next(self._exchanges)}"
         ended = SESSION_HEADER not in request.headers
+        refused = True  # the server took none of it (an HTTP error, or it was never reached)
         try:
             response = await self._exchange(request, body, calls, scope)
+            refused = response.status >= 400
             # A session the client ended (or the server no longer knows):
             # its calls, and its guard session's calls held here, go.
             ended = ended or (
@@ -98,6 +101,8 @@ class HttpProxy:
             )
             return response
         finally:
+            if refused and request.method == "POST" and not ended:
+                calls.unanswered(body, scope)  # their answers will not come
             if ended:
                 calls.forget(scope)
                 if self._session is None and SESSION_HEADER in request.headers:
@@ -130,7 +135,7 @@ class HttpProxy:
             if answer is not None:
                 return web.Response(body=dump(answer), content_type="application/json")
         if self._client is None:
-            self._client = aiohttp.ClientSession(auto_decompress=True, trust_env=False)
+            self._client = client_session(auto_decompress=True)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         headers["Accept-Encoding"] = "identity"
         url = URL(self.upstream)
@@ -151,7 +156,12 @@ class HttpProxy:
                 url = moved
         except aiohttp.ClientError as exc:
             log.warning("mcp proxy: upstream %s unreachable: %s", self.upstream, exc)
-            return _jsonrpc_error(body, f"the MCP server {self.upstream} is unreachable")
+            failed = _jsonrpc_errors(body, f"the MCP server {self.upstream} is unreachable")
+            # The client's answer to its calls, so a guard result like any
+            # error's: an agent retrying a server that is down is a failure streak.
+            await calls.from_server_raw(failed, scope)
+            merged = _merged(failed, extra)  # with the answers given here, of a batch
+            return web.Response(status=502, body=merged, content_type="application/json")
         try:
             return await self._relay(request, upstream, calls, scope, extra)
         finally:
@@ -257,11 +267,18 @@ async def _event(raw: bytes, data: str | None, calls: ToolCalls, scope: str) -> 
     return b"\n".join([*lines, b"data: " + replaced]) + b"\n\n"
 
 
-def _jsonrpc_error(body: bytes, text: str) -> web.Response:
-    """502 with a JSON-RPC error for the request's id (null when unknown)."""
+def _jsonrpc_errors(body: bytes, text: str) -> bytes:
+    """A JSON-RPC error for the request (its id, null when unknown), or for
+    each request of a batch."""
     try:
-        request_id = loads(body).get("id")
-    except (ValueError, AttributeError):
-        request_id = None
-    error = {"jsonrpc": "2.0", "id": request_id, "error": {"code": -32000, "message": text}}
-    return web.json_response(error, status=502)
+        got = loads(body)
+    except ValueError:
+        got = None
+
+    def error(message: object) -> dict[str, object]:
+        rid = message.get("id") if isinstance(message, dict) else None
+        return {"jsonrpc": "2.0", "id": rid, "error": {"code": -32000, "message": text}}
+
+    if isinstance(got, list):  # no answer to a notification
+        return compact([error(m) for m in got if isinstance(m, dict) and "id" in m])
+    return compact(error(got))
