@@ -79,7 +79,9 @@ COMMAND = "/bouncer"
 WRITTEN_SUBTYPES = frozenset({"bot_message", "thread_broadcast", "file_share", "me_message"})
 # Not new messages: an edit, a deletion, the old thread-parent update.
 NOT_NEW = frozenset({"message_changed", "message_deleted", "message_replied"})
-_MENTION = re.compile(r"<@([UW][A-Z0-9]+)(?:\|[^>]*)?>")
+# A label (`<@U1|name>`) never holds `<` or `>` (Slack escapes them): reading
+# one stops at the next `<`, so an unclosed `<@U1|` costs no scan to the end.
+_MENTION = re.compile(r"<@([UW][A-Z0-9]+)(?:\|[^<>]*)?>")
 # <!channel>, <!here>, <!everyone>, <!subteam^S123>: what notifies many people
 _BROADCAST = re.compile(r"<!")
 # Threads the bot posted in that a gateway remembers (one entry each).
@@ -224,7 +226,10 @@ def web_client(token: str, api_base: str | None, session: aiohttp.ClientSession)
 
 def _api_error(exc: SlackClientError) -> str:
     if isinstance(exc, SlackApiError):
-        return str(exc.response.get("error") or f"HTTP {exc.response.status_code}")
+        # a body that was not JSON (a proxy's plain-text 503) is kept as a string
+        data = exc.response.data
+        found = data.get("error") if isinstance(data, dict) else None
+        return str(found or f"HTTP {exc.response.status_code}")
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -259,7 +264,10 @@ class SlackAdapter:
             me = await self.web.auth_test()
         except SlackApiError as exc:
             await self.stop()
-            raise StartupError(f"bot {self.bot.name}: Slack refused the bot token: "
+            # Slack refuses a token with 200 {"ok": false}; any other status is
+            # Slack (or what is in front of it) failing, not the token
+            what = "refused the bot token" if exc.response.status_code == 200 else "answered"
+            raise StartupError(f"bot {self.bot.name}: Slack {what}: "
                                f"{_api_error(exc)}") from None  # fmt: skip
         except (SlackClientError, aiohttp.ClientError, OSError) as exc:
             await self.stop()

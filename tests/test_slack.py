@@ -456,6 +456,27 @@ async def test_a_connection_cut_mid_send_is_not_retried(
     assert "Slack could not be reached" in line.getMessage()
 
 
+async def test_a_plain_text_error_from_in_front_of_slack_fails_the_reply_cleanly(
+    fake: FakeSlack, run: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 503 in plain text (an edge proxy's "upstream connect error"; slack_sdk
+    keeps such a body as a string): the reply fails with the status, its slot
+    comes back, and no traceback is logged."""
+    caplog.set_level(logging.INFO)
+    fake.fail_next("chat.postMessage", 503)
+    async with run(bot("alpha", fake)) as d:
+        said = await fake.user_says(CHANNEL, ALICE, f"<@{A_USER}> hello")
+        await fake.wait_until(lambda: fake.calls_of("chat.postMessage"), what="the try")
+        await d.inflight.idle()
+        status = await d.server.admins["alpha"].status(chat())
+        assert (status.rate_used, status.soft) == (0, 0)
+        [entry] = await d.server.admins["alpha"].why(chat(), 1)
+        assert (entry["id"], entry["reason"]) == (said["ts"], "backend_error")
+    [line] = [r for r in caplog.records if "sending the reply" in r.getMessage()]
+    assert "Slack refused the message: HTTP 503" in line.getMessage()
+    assert not [r for r in caplog.records if r.exc_info]
+
+
 # -- the Events API ----------------------------------------------------------------------
 
 
@@ -783,6 +804,10 @@ async def startup_errors(fake: FakeSlack, run: Callable[..., Any]) -> None:
         ("apps.connections.open", 200),
     ]
     assert fake.calls[-1].response["ok"] is False and fake.connections == []
+    fake.fail_next("auth.test", 503)  # a plain-text answer from in front of Slack
+    with pytest.raises(StartupError, match="bot alpha: Slack answered: HTTP 503"):
+        async with run(bot("alpha", fake)):
+            pass
     unreachable = bot("alpha", fake, api_base=f"http://127.0.0.1:{free_port()}/api/")
     with pytest.raises(StartupError, match="bot alpha: cannot reach Slack at"):
         async with run(unreachable):

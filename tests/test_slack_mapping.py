@@ -225,6 +225,16 @@ def test_mentions_are_user_ids_in_the_text() -> None:
     assert read(event(text=text)).mentions == (ALPHA, "W0ENTERPRISE", ALPHA)
 
 
+def test_an_unclosed_mention_ends_at_the_next_one() -> None:
+    """A mention's label (`<@U1|name>`) never holds `<` (Slack escapes it).
+    Read up to the next `>` instead, an unclosed `<@U1|` swallowed the real
+    mention after it, and 8,000 of them (another app may post them: Slack
+    keeps 40,000 characters) took the event loop 5 s, each one read to the
+    end of the text."""
+    assert read(event(text=f"<@U1| hi <@{ALPHA}>")).mentions == (ALPHA,)
+    assert read(event(text="<@U1|" * 8000 + f"<@{ALPHA}>")).mentions == (ALPHA,)
+
+
 @pytest.mark.parametrize(
     ("text", "seen"),
     [(None, ""), (DROP, ""), ("", ""), ("a\ud800b", "a\ufffdb"), ("ok ✓", "ok ✓")],

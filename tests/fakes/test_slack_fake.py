@@ -167,6 +167,20 @@ async def test_rate_limited_post_is_retried_after_retry_after(fake: FakeSlack) -
     assert [m["text"] for m in fake.messages(CHAN)] == ["hello"]
 
 
+async def test_a_failure_in_front_of_the_api_is_answered_as_given_and_nothing_is_done(
+    fake: FakeSlack,
+) -> None:
+    fake.fail_next("chat.postMessage")
+    with pytest.raises(SlackApiError) as err:
+        await fake.web_client(APP).chat_postMessage(channel=CHAN, text="lost")
+    assert err.value.response.status_code == 503
+    assert err.value.response.data == "upstream connect error or disconnect/reset before headers"
+    assert fake.messages(CHAN) == []
+    assert [c.status for c in fake.calls_of("chat.postMessage")] == [503]
+    sent = await fake.web_client(APP).chat_postMessage(channel=CHAN, text="next")
+    assert sent["ok"] and [m["text"] for m in fake.messages(CHAN)] == ["next"]
+
+
 @asynccontextmanager
 async def http_app(bolt: AsyncApp) -> AsyncIterator[str]:
     runner = web.AppRunner(bolt.web_app())

@@ -24,7 +24,8 @@ The modules, each built on those before it:
   chat.postMessage (delivers a message event to every app in the channel, the
   sender's own included, as Slack does), chat.postEphemeral, conversations.info,
   users.info; `rate_limit_next` (one or more 429s), `disconnect_next` (done, then the
-  connection cut before the answer); unknown methods answered `unknown_method`;
+  connection cut before the answer), `fail_next` (not done: an edge proxy's answer,
+  a plain-text 503 by default); unknown methods answered `unknown_method`;
   a reply in a thread carries `parent_user_id`, as Slack's do;
 - fake.py: FakeSlack itself, its lifecycle, what people do (`user_says`,
   `integration_says` for a workflow's bot_message, `edit`, `delete`,

@@ -5,7 +5,9 @@ users.info) to `{base_url}{method}`, the token as `Authorization: Bearer ...`;
 chat.* methods send a JSON body, the others their arguments as query parameters.
 Both, and form bodies, are read here. Answers are Slack's: HTTP 200 with
 `{"ok": true, ...}` or `{"ok": false, "error": ...}`; a rate limit (`rate_limit_next`)
-is HTTP 429 with `Retry-After` and `{"ok": false, "error": "ratelimited"}`.
+is HTTP 429 with `Retry-After` and `{"ok": false, "error": "ratelimited"}`; an
+outage in front of the API (`fail_next`) answers what an edge proxy does, e.g. a
+503 in plain text, and does nothing.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ class WebApi(SocketMode):
         # method -> the Retry-After of each of its next calls (one 429 each)
         self._rate_limits: dict[str, list[str]] = {}
         self._disconnects: set[str] = set()  # methods whose next call is cut off
+        # method -> (status, content type, body) of its next call, which is not done
+        self._failures: dict[str, tuple[int, str, str]] = {}
         self.methods: dict[str, Method] = {
             "auth.test": self._auth_test,
             "apps.connections.open": self._connections_open,
@@ -76,6 +80,18 @@ class WebApi(SocketMode):
         """The next `times` calls of `method` are answered 429 with this Retry-After
         (a string is sent as it is: "soon", "1.5")."""
         self._rate_limits[method] = [str(retry_after)] * times
+
+    def fail_next(
+        self,
+        method: str,
+        status: int = 503,
+        body: str = "upstream connect error or disconnect/reset before headers",
+        content_type: str = "text/plain",
+    ) -> None:
+        """The next call of `method` is not done and is answered `status` with
+        `body` as `content_type` (recorded with `{"error": body}`), as a proxy
+        or load balancer in front of the API answers when the API is away."""
+        self._failures[method] = (status, content_type, body)
 
     def disconnect_next(self, method: str) -> None:
         """The next call of `method` is carried out, then its connection is closed
@@ -121,6 +137,11 @@ class WebApi(SocketMode):
         token = token or params.pop("token", None)
         headers: dict[str, str] = {}
         status = 200
+        if (failure := self._failures.pop(method, None)) is not None:
+            status, content_type, text = failure
+            self.calls.append(WebCall(method, token, params, status, {"error": text}))
+            await self.changed()
+            return web.Response(status=status, text=text, content_type=content_type)
         if self._rate_limits.get(method):
             status, headers["Retry-After"] = 429, self._rate_limits[method].pop(0)
             body: Json = {"ok": False, "error": "ratelimited"}
