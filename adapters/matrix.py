@@ -51,6 +51,10 @@ MESSAGE_LIMIT = 8000
 # 1, 2, 4 s, under the same transaction id: the homeserver posts it once.
 SEND_RETRIES = 3
 SYNC_TIMEOUT_MS = 30_000
+# A room's /sync timeline cut short (`limited`: more came than the homeserver
+# shows at once) is completed from /messages, this many events a request, up
+# to GAP_MAX events a room (the newest kept, the skipped ones logged).
+GAP_PAGE, GAP_MAX = 100, 1000
 # After a failed /sync: wait this long, doubling up to the maximum.
 SYNC_RETRY_MIN, SYNC_RETRY_MAX = 1.0, 60.0
 # The sync position is saved at most this often (seconds), and at the stop.
@@ -87,6 +91,28 @@ def reply_target(content: dict[str, Any]) -> str | None:
     return target if isinstance(target, str) and target else None
 
 
+# The first line of a reply fallback: "> <@alice:example.org> what she said"
+# ("> * <@alice…> …" for an emote).
+_FALLBACK = re.compile(r"> (?:\* )?<(@[^>\s]+)>")
+
+
+def reply_fallback(content: dict[str, Any], body: str) -> tuple[str | None, str]:
+    """A reply's quoted fallback taken off its body: (the quoted sender, what
+    the replier wrote); (None, body) when the body opens with no fallback."""
+    if reply_target(content) is None:
+        return None, body
+    lines = body.split("\n")
+    quoted = _FALLBACK.match(lines[0])
+    if quoted is None:
+        return None, body
+    n = 1
+    while n < len(lines) and (lines[n].startswith("> ") or lines[n] == ">"):
+        n += 1
+    if n < len(lines) and lines[n] == "":
+        n += 1
+    return quoted.group(1), "\n".join(lines[n:])
+
+
 def from_event(room_id: str, event: Any, *, dm: bool) -> Message | None:
     """A room timeline event as the gateway sees it, or None for what is no
     conversation turn at all (an edit, a redaction, a reaction, an encrypted
@@ -95,8 +121,9 @@ def from_event(room_id: str, event: Any, *, dm: bool) -> Message | None:
     A room is a chat; a thread (`m.thread` relation) is its own chat
     (`matrix:<room>:<thread root>`); a room of two members is a DM. An
     `m.notice` is a bot's. State events (membership, name, topic, power
-    levels) are system messages: never counted, never a reset. The author of
-    a replied-to event is not in the event: `reply_to` is left to the adapter,
+    levels) are system messages: never counted, never a reset. A reply's text
+    is without its quoted fallback (`reply_fallback`). The author of a
+    replied-to event is not in the event: `reply_to` is left to the adapter,
     which knows its own events.
 
     Raises PayloadError naming the field when the event id, sender or type is
@@ -124,6 +151,8 @@ def from_event(room_id: str, event: Any, *, dm: bool) -> Message | None:
     body = content.get("body")
     if body is not None and not isinstance(body, str):
         raise PayloadError(f"body is {type(body).__name__}, not text")
+    if body:
+        body = reply_fallback(content, body)[1]
     mentions = content.get("m.mentions")
     users = mentions.get("user_ids") if isinstance(mentions, dict) else None
     return Message(
@@ -290,6 +319,7 @@ class MatrixAdapter:
             try:
                 data = await self.api.sync(since=SyncToken(since), timeout=SYNC_TIMEOUT_MS,
                                            full_state=full_state)  # fmt: skip
+                gaps = await self._gaps(data, since)
             except asyncio.CancelledError:
                 raise
             except (MatrixError, aiohttp.ClientError, OSError, ValueError) as exc:
@@ -305,7 +335,8 @@ class MatrixAdapter:
             batch = _Batch(position)
             self._batches.append(batch)
             try:
-                await self._rooms_state(data, handle=True, batch=batch, known=full_state)
+                await self._rooms_state(data, handle=True, batch=batch, known=full_state,
+                                        gaps=gaps)  # fmt: skip
             except StoreError as exc:
                 log.error("bot %s: a /sync batch was not handled: %s", self.bot.name, exc)
             full_state = False
@@ -319,10 +350,12 @@ class MatrixAdapter:
         handle: bool,
         batch: _Batch | None = None,
         known: bool = False,
+        gaps: dict[str, list[dict[str, Any]]] | None = None,
     ) -> None:
         """Invites, leaves, and each joined room's state and timeline. `known`:
         the rooms' full state from before a saved position, where an
-        encrypted room was refused by the run that saw it become so."""
+        encrypted room was refused by the run that saw it become so. `gaps`:
+        the events a room's cut-short timeline left out (`_gaps`), before it."""
         rooms = data.get("rooms")
         if not isinstance(rooms, dict):
             return
@@ -347,7 +380,7 @@ class MatrixAdapter:
                 self._learn(rid, info, event)
             if known and info.encrypted:
                 info.warned = True
-            timeline = _events(room.get("timeline"))
+            timeline = (gaps or {}).get(rid, []) + _events(room.get("timeline"))
             for event in timeline:
                 if "state_key" in event:
                     self._learn(rid, info, event)
@@ -356,6 +389,40 @@ class MatrixAdapter:
             if handle and batch is not None:
                 for event in timeline:
                     self._take(rid, info, event, batch)
+
+    async def _gaps(self, data: dict[str, Any], since: str) -> dict[str, list[dict[str, Any]]]:
+        """For each joined room whose timeline in this /sync is `limited` (more
+        came since `since` than the homeserver shows at once: after a restart,
+        a busy room), the events left out, oldest first, read from /messages
+        back from the timeline's start to `since`. Without them a message in
+        the gap would never be decided: a person not answered, a bot turn not
+        counted. A failure raises: the /sync is tried again."""
+        assert self.api is not None
+        rooms = data.get("rooms")
+        joined = rooms.get("join") if isinstance(rooms, dict) else None
+        gaps: dict[str, list[dict[str, Any]]] = {}
+        for room_id, room in joined.items() if isinstance(joined, dict) else ():
+            timeline = room.get("timeline") if isinstance(room, dict) else None
+            if not isinstance(timeline, dict) or timeline.get("limited") is not True:
+                continue
+            token = timeline.get("prev_batch")
+            missed: list[dict[str, Any]] = []
+            while isinstance(token, str) and token and len(missed) < GAP_MAX:
+                page = await self.api.api.request(
+                    Method.GET, Path.v3.rooms[str(room_id)].messages,
+                    query_params={"dir": "b", "from": token, "to": since,
+                                  "limit": str(min(GAP_PAGE, GAP_MAX - len(missed)))},
+                )  # fmt: skip
+                chunk = _events({"events": page.get("chunk")}) if isinstance(page, dict) else []
+                missed.extend(chunk)
+                end = page.get("end") if isinstance(page, dict) else None
+                token = end if chunk and end != token else None
+            if token is not None:
+                log.warning("bot %s: more than %d events came into %s at once; the older ones "
+                            "are skipped", self.bot.name, GAP_MAX, room_id)  # fmt: skip
+            if missed:
+                gaps[str(room_id)] = missed[::-1]
+        return gaps
 
     def _learn(self, room_id: str, info: _Room, event: dict[str, Any]) -> None:
         """Members and encryption from a state event."""
@@ -420,7 +487,9 @@ class MatrixAdapter:
                 return  # an admin command's answer, filed as an aside when sent
             self._remember(msg.id)
         msg = self._addressing(msg, event)
-        command = admin_command(msg.text) if not msg.system else None
+        # a command is a person's: not the bot's own message, nor a notice (a bot's)
+        person = not (msg.system or msg.author.is_bot or msg.author.id == self.user_id)
+        command = admin_command(msg.text) if person else None
         if command is None and self.gateway.echo(msg):
             return
         batch.pending += 1
@@ -433,13 +502,17 @@ class MatrixAdapter:
         task.add_done_callback(lambda t: self._done(t, batch))
 
     def _addressing(self, msg: Message, event: dict[str, Any]) -> Message:
-        """A reply to one of the bot's events answers the bot; naming it in the
-        text (its id, or its display name) mentions it."""
+        """A reply to one of the bot's events answers the bot (one this process
+        did not send, an earlier run's, known by its fallback quoting the
+        bot); naming it in the text (its id, or its display name) mentions it."""
         content = event.get("content")
         target = reply_target(content) if isinstance(content, dict) else None
         changes: dict[str, Any] = {}
-        if target is not None and target in self._own:
-            changes["reply_to"] = self.user_id
+        if target is not None and isinstance(content, dict):
+            body = content.get("body")
+            quoted = reply_fallback(content, body)[0] if isinstance(body, str) else None
+            if target in self._own or quoted == self.user_id:
+                changes["reply_to"] = self.user_id
         if (self.user_id not in msg.mentions and not msg.system
                 and names_bot(msg.text, self.user_id, self.display_name)):  # fmt: skip
             changes["mentions"] = (*msg.mentions, self.user_id)

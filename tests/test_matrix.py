@@ -930,3 +930,120 @@ async def startup_errors(synapse: Synapse, run: Callable[..., Any]) -> None:
                 pass
         assert str(info.value).startswith(problem), info.value
         assert alice.access_token not in str(info.value)
+
+
+async def test_a_restart_after_a_busy_while_takes_every_message_of_the_gap(
+    synapse: Synapse, redis_url: str, key_prefix: str, decisions: Decisions
+) -> None:
+    """More came into a room while the daemon was down than one /sync shows
+    (the homeserver's timeline limit, 10 by default, `limited: true`): the
+    new daemon fetches the gap, so every message is decided once, in order,
+    the first ones too."""
+    alice = await synapse.register(fresh("alice"))
+    alpha = await synapse.register(fresh("alpha"), displayname="Alpha")
+    dm = await joined_room(synapse, alice, alpha, is_direct=True)
+    config = bot("alpha", alpha, synapse)
+    first = build(redis_url, key_prefix, config)
+    started: list[Daemon] = []
+    try:
+        await first.start()
+        started.append(first)
+        await first.inflight.idle()
+        started.remove(first)
+        await first.stop()
+        away = [await synapse.send_text(alice, dm, f"while away {n}") for n in range(25)]
+        second = build(redis_url, key_prefix, config)
+        await second.start()
+        started.append(second)
+        for asked in away:
+            seen = await decisions.wait(asked, alpha.user_id)
+            assert (seen["action"], seen["reason"]) == ("reply", None), seen
+        await second.inflight.idle()
+        assert [d["id"] for d in decisions.seen if d["id"] in away] == away
+        answers = [e for e in await synapse.messages(alice, dm, limit=100) if is_notice(e)]
+        assert len(answers) == len(away)
+    finally:
+        for d in started:
+            await d.stop()
+        await forget(redis_url, key_prefix)
+
+
+async def test_a_reply_fallback_is_not_read_as_the_message(
+    synapse: Synapse, run: Callable[..., Any], decisions: Decisions
+) -> None:
+    """Clients put the replied-to message, quoted, before a reply's text (the
+    reply fallback, "> <@sender> text"). The quote is not what the replier
+    said: a reply to someone who named alpha does not address alpha, and a
+    command after a quote is a command. A reply to alpha's message (one this
+    process did not send: an earlier run's) still answers alpha."""
+    alice = await synapse.register(fresh("alice"))
+    bob = await synapse.register(fresh("bob"))
+    alpha = await synapse.register(fresh("alpha"), displayname="Alpha")
+    room = await joined_room(synapse, alice, alpha, bob)
+    await synapse.set_power_level(alice, room, bob, 50)
+
+    async def reply(user: User, to: str, quoted: Event, text: str) -> str:
+        fallback = f"> <{quoted['sender']}> {quoted['content']['body']}"
+        content = {
+            "msgtype": "m.text",
+            "body": f"{fallback}\n\n{text}",
+            "m.relates_to": {"m.in_reply_to": {"event_id": to}},
+        }
+        return await synapse.send(user, room, "m.room.message", content)
+
+    async with run(bot("alpha", alpha, synapse)) as d:
+        asked = await synapse.send_text(alice, room, "Alpha, hello", mentions=[alpha])
+        answer = await answer_to(synapse, alice, room, asked)
+        [question] = [e for e in await synapse.messages(bob, room) if e["event_id"] == asked]
+        said = await reply(bob, asked, question, "nice weather today")
+        seen = await decisions.wait(said, alpha.user_id)
+        assert (seen["action"], seen["reason"]) == ("drop", "not_addressed")
+        # a command after a quote is the replier's command
+        said = await reply(bob, asked, question, "!bouncer pause")
+        paused = await answer_to(synapse, bob, room, said)
+        assert paused["content"]["body"].startswith("Paused")
+        assert decided(decisions, said, alpha) == []
+        said = await reply(bob, asked, question, "!bouncer resume")
+        await answer_to(synapse, bob, room, said)
+        # a reply to alpha's event that this process does not remember
+        (adapter,) = d.adapters
+        assert isinstance(adapter, MatrixAdapter)
+        adapter._own.clear()
+        said = await reply(bob, answer["event_id"], answer, "and tomorrow?")
+        seen = await decisions.wait(said, alpha.user_id)
+        assert (seen["action"], seen["reason"]) == ("reply", None)
+        again = await answer_to(synapse, bob, room, said)
+        assert again["content"]["body"] == "and tomorrow?"
+
+
+async def says_a_command(msg: Message) -> str:
+    """A backend whose answer reads as an admin command."""
+    return "!bouncer pause"
+
+
+async def test_the_bots_own_message_is_no_command(
+    synapse: Synapse, run: Callable[..., Any], decisions: Decisions
+) -> None:
+    """alpha (a moderator in the room) answers with text that reads as a
+    command: its own message coming back is its echo, not `!bouncer pause`
+    run with alpha's power level; nor is a notice another bot posts run."""
+    alice = await synapse.register(fresh("alice"))
+    helper = await synapse.register(fresh("helper"))
+    alpha = await synapse.register(fresh("alpha"), displayname="Alpha")
+    room = await joined_room(synapse, alice, alpha, helper)
+    await synapse.set_power_level(alice, room, alpha, 50)
+    await synapse.set_power_level(alice, room, helper, 50)
+    backend = {"type": "python", "callable": "tests.test_matrix:says_a_command"}
+    async with run(bot("alpha", alpha, synapse, backend=backend)) as d:
+        asked = await synapse.send_text(alice, room, "Alpha, what do admins type?")
+        answer = await answer_to(synapse, alice, room, asked)
+        assert answer["content"]["body"] == "!bouncer pause"
+        echo = await decisions.wait(answer["event_id"], alpha.user_id)
+        assert echo["reason"] == "own_message"
+        said = await synapse.send_text(helper, room, "!bouncer pause", msgtype="m.notice")
+        seen = await decisions.wait(said, alpha.user_id)
+        assert seen["reason"] == "bot_ignored"
+        await d.inflight.idle()
+        assert not (await d.server.admins["alpha"].status(chat(room))).paused
+        mine = [e for e in await synapse.messages(alice, room, limit=100) if is_notice(e)]
+        assert [e["event_id"] for e in mine if e["sender"] == alpha.user_id] == [answer["event_id"]]

@@ -18,6 +18,7 @@ from adapters.matrix import (
     allowed_inviter,
     from_event,
     names_bot,
+    reply_fallback,
     reply_target,
 )
 from gateway.model import Author, ChatKind, ChatRef, Message
@@ -403,3 +404,34 @@ def test_allowed_inviter(inviter: str, allowed: tuple[str, ...], ok: bool) -> No
 def test_reply_target(rel: Any, target: str | None) -> None:
     assert reply_target({"msgtype": "m.text", "body": "x", "m.relates_to": rel}) == target
     assert reply_target({"msgtype": "m.text", "body": "x"}) is None
+
+
+REPLY = {"m.in_reply_to": {"event_id": EARLIER}}
+
+
+@pytest.mark.parametrize(
+    ("body", "rel", "quoted", "text"),
+    [
+        (f"> <{BOB}> Alpha, hi\n\nnice weather", REPLY, BOB, "nice weather"),
+        (f"> <{BOB}> one\n> two\n>\n> three\n\nso?\n\nand", REPLY, BOB, "so?\n\nand"),
+        (f"> * <{ALPHA}> waves\n\nhi", REPLY, ALPHA, "hi"),
+        (f"> <{BOB}> only a quote", REPLY, BOB, ""),
+        (f"> <{BOB}> hi\nno blank line", REPLY, BOB, "no blank line"),
+        # a quote that is no fallback, or no reply: the body as it is
+        ("> a quote\n\nmy answer", REPLY, None, "> a quote\n\nmy answer"),
+        (f"> <{BOB}> hi\n\nthere", None, None, f"> <{BOB}> hi\n\nthere"),
+        (f"> <{BOB}> hi\n\nthere", {"m.in_reply_to": {}}, None, f"> <{BOB}> hi\n\nthere"),
+        (f"x\n> <{BOB}> hi", REPLY, None, f"x\n> <{BOB}> hi"),
+    ],
+)
+def test_reply_fallback(body: str, rel: Any, quoted: str | None, text: str) -> None:
+    content = {"msgtype": "m.text", "body": body, "m.relates_to": rel}
+    assert reply_fallback(content, body) == (quoted, text)
+    assert read(event(content)).text == text
+
+
+def test_a_reply_fallback_naming_the_bot_is_not_the_message() -> None:
+    body = f"> <{BOB}> Alpha, are you there?\n\nit is raining"
+    msg = read(event({"msgtype": "m.text", "body": body, "m.relates_to": REPLY}))
+    assert msg.text == "it is raining"
+    assert not names_bot(msg.text, ALPHA, "Alpha")
