@@ -346,6 +346,42 @@ async def test_a_spent_budget_is_a_429_the_sdk_does_not_retry(
     assert state is not None and state["spent"]["tokens"] == 2100
 
 
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("api", ["openai", "responses", "anthropic"])
+async def test_input_read_from_the_prompt_cache_costs_its_own_price(
+    redis_url: str, key_prefix: str, api: str, stream: bool
+) -> None:
+    # Breaks if cached input is priced as any input: an agent whose prompt
+    # is mostly cached (a coding agent's, 90 % here) had its dollar budget
+    # spent five times faster than its bill, and was stopped early.
+    async with FakeLLM() as llm:
+        llm.default = answer("Fine.", usage=(100_000, 1_000), cached=90_000)
+        prices = {"m": {"input": 10, "output": 20, "cached_input": 1}}
+        proxy = {"prices": prices, "budget": {"usd": 100}}
+        async with proxy_daemon(llm, redis_url, key_prefix, **proxy) as (d, url):
+            headers = {"X-Botbouncer-Session": f"cached-{api}-{stream}"}
+            said = [{"role": "user", "content": "hi"}]
+            if api == "openai":
+                chat = openai_client(f"{url}/llm/openai/v1").chat.completions
+                got = await chat.create(model="m", messages=said, stream=stream,
+                                        extra_headers=headers)  # fmt: skip
+            elif api == "responses":
+                responses = openai_client(f"{url}/llm/openai/v1").responses
+                got = await responses.create(model="m", input="hi", stream=stream,
+                                             extra_headers=headers)  # fmt: skip
+            else:
+                messages = anthropic_client(f"{url}/llm/anthropic").messages
+                got = await messages.create(model="m", max_tokens=10, messages=said,
+                                            stream=stream, extra_headers=headers)  # fmt: skip
+            if stream:
+                async for _ in got:  # type: ignore[union-attr]
+                    pass
+            state = await d.guard.state(headers["X-Botbouncer-Session"])
+    # 10,000 at $10, 90,000 cached at $1, 1,000 out at $20 a million tokens
+    assert state is not None
+    assert state["spent"] == {"usd": pytest.approx(0.1 + 0.09 + 0.02), "tokens": 101_000}
+
+
 # -- sessions ----------------------------------------------------------------------
 
 

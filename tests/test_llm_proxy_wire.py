@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.config import ConfigError, parse_config
+from gateway.config.llmproxy import Price
 from gateway.llmproxy.anthropic import Anthropic
 from gateway.llmproxy.openai import OpenAI
 from gateway.llmproxy.session import fingerprint
@@ -649,3 +650,15 @@ def test_json_nested_past_the_stack_is_unreadable_not_a_crash() -> None:
         event = f"data: {deep}\n\n".encode()
         assert tap.feed(event) in (event, b"")  # passed on (or held whole, never lost)
         tap.done()
+
+
+def test_a_price_splits_input_read_from_and_written_to_the_cache() -> None:
+    price = Price(input=3, output=15, cached_input=0.3, cache_write=3.75)
+    # 1,000 plain, 8,000 read, 1,000 written, 500 out (Anthropic's 10,000 input)
+    assert price.cost(10_000, 8_000, 1_000, 500) == pytest.approx(
+        (1_000 * 3 + 8_000 * 0.3 + 1_000 * 3.75 + 500 * 15) / 1e6
+    )
+    plain = Price(input=3, output=15)  # the input price for all input when none is given
+    assert plain.cost(10_000, 8_000, 1_000, 0) == pytest.approx(10_000 * 3 / 1e6)
+    # counts an upstream got wrong (more cached than input) never cost less than nothing
+    assert price.cost(100, 500, 500, 0) == pytest.approx(100 * 0.3 / 1e6)

@@ -72,10 +72,25 @@ class AnthropicApi(ApiConfig):
 
 
 class Price(Model):
-    """US dollars per million tokens."""
+    """US dollars per million tokens. Input read from the provider's prompt
+    cache, and (Anthropic) written to it, cost what `cached_input` and
+    `cache_write` say; without them, what any input costs."""
 
     input: Float = Field(ge=0, le=10_000)
     output: Float = Field(ge=0, le=10_000)
+    cached_input: Float | None = Field(default=None, ge=0, le=10_000)
+    cache_write: Float | None = Field(default=None, ge=0, le=10_000)
+
+    def cost(self, input_tokens: int, cached: int, written: int, output_tokens: int) -> float:
+        """US dollars for an answer's usage; `cached` and `written` are
+        among the `input_tokens`."""
+        cached = min(cached, input_tokens)
+        written = min(written, input_tokens - cached)
+        plain = input_tokens - cached - written
+        read_price = self.input if self.cached_input is None else self.cached_input
+        write_price = self.input if self.cache_write is None else self.cache_write
+        return (plain * self.input + cached * read_price + written * write_price
+                + output_tokens * self.output) / 1e6  # fmt: skip
 
 
 class ProxyBudget(Model):

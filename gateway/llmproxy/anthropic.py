@@ -36,14 +36,14 @@ def _blocks(message: Json) -> list[Json]:
 
 def _usage(tap: Tap, usage: Json) -> None:
     if "input_tokens" in usage:  # every input token counts, cached or not
-        total = (
-            count(usage.get("input_tokens"))
-            + count(usage.get("cache_creation_input_tokens"))
-            + count(usage.get("cache_read_input_tokens"))
-        )
+        written = count(usage.get("cache_creation_input_tokens"))
+        read = count(usage.get("cache_read_input_tokens"))
+        total = count(usage.get("input_tokens")) + written + read
         # The largest said: a stream's message_delta may repeat the input
         # count, and a compatible server may send 0 or null there.
-        tap.usage.input_tokens = max(tap.usage.input_tokens, total)
+        if total > tap.usage.input_tokens:
+            tap.usage.input_tokens = total
+            tap.usage.cached_tokens, tap.usage.cache_write_tokens = read, written
     if "output_tokens" in usage:
         tap.usage.output_tokens = count(usage.get("output_tokens"))  # cumulative in a stream
     tap.usage.seen = True

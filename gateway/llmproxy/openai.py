@@ -19,6 +19,7 @@ from gateway.llmproxy.wire import (
     SseReader,
     Tap,
     ToolEvent,
+    Usage,
     count,
     id_of,
     key_of,
@@ -93,9 +94,7 @@ class OpenAIStreamTap(Tap):
         usage = obj.get("usage")
         choices = obj.get("choices")
         if isinstance(usage, dict):
-            self.usage.input_tokens = count(usage.get("prompt_tokens"))
-            self.usage.output_tokens = count(usage.get("completion_tokens"))
-            self.usage.seen = True
+            read_usage(usage, self.usage)
         if isinstance(choices, list):
             for choice in choices:
                 if isinstance(choice, dict) and choice.get("index", 0) == 0:
@@ -103,6 +102,15 @@ class OpenAIStreamTap(Tap):
                     if isinstance(delta, dict):
                         _anchor_delta(self._anchor, delta, self._calls)
         return self._hide and isinstance(usage, dict) and choices == []
+
+
+def read_usage(usage: Json, into: Usage) -> None:
+    """A Chat Completions `usage`: its prompt tokens, the cached among them."""
+    into.input_tokens = count(usage.get("prompt_tokens"))
+    into.output_tokens = count(usage.get("completion_tokens"))
+    details = usage.get("prompt_tokens_details")
+    into.cached_tokens = count(details.get("cached_tokens")) if isinstance(details, dict) else 0
+    into.seen = True
 
 
 def _anchor_delta(anchor: Anchor, delta: Json, calls: dict[Any, list[str]]) -> None:
@@ -223,9 +231,7 @@ class OpenAI(Dialect):
     def read_answer(self, answer: Json, tap: Tap) -> None:
         usage = answer.get("usage")
         if isinstance(usage, dict):
-            tap.usage.input_tokens = count(usage.get("prompt_tokens"))
-            tap.usage.output_tokens = count(usage.get("completion_tokens"))
-            tap.usage.seen = True
+            read_usage(usage, tap.usage)
         choices = answer.get("choices")
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
             message = choices[0].get("message")

@@ -445,7 +445,8 @@ class LlmProxy:
                 log.warning("llm proxy: no price for model %.80r in llm_proxy.prices: its "
                             "answers cost 0 against budget.usd", model)  # fmt: skip
             return 0.0
-        return (usage.input_tokens * price.input + usage.output_tokens * price.output) / 1e6
+        return price.cost(usage.input_tokens, usage.cached_tokens, usage.cache_write_tokens,
+                          usage.output_tokens)  # fmt: skip
 
     def _budgets_dollars(self) -> bool:
         """Whether a dollar budget applies to the proxy's sessions."""

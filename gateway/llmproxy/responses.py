@@ -121,6 +121,9 @@ def _read_response(response: Json, tap: Tap) -> None:
     if isinstance(usage, dict):
         tap.usage.input_tokens = count(usage.get("input_tokens"))
         tap.usage.output_tokens = count(usage.get("output_tokens"))
+        details = usage.get("input_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        tap.usage.cached_tokens = count(cached)
         tap.usage.seen = True
     output = objects(response.get("output"))
     tap.anchor = _anchor_of(output)

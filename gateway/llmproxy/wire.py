@@ -74,9 +74,11 @@ def in_call_order(events: list[ToolEvent]) -> list[ToolEvent]:
 
 @dataclass
 class Usage:
-    input_tokens: int = 0
+    input_tokens: int = 0  # every input token, those of the prompt cache included
     output_tokens: int = 0
     seen: bool = False
+    cached_tokens: int = 0  # of the input, read from the provider's prompt cache
+    cache_write_tokens: int = 0  # of the input, written to it (Anthropic's)
 
     @property
     def tokens(self) -> int:

@@ -56,9 +56,16 @@ def message_json(body: Json, content: list[Json], stop_reason: str | None, usage
     }
 
 
+def _input(tokens: int, cached: int) -> Json:
+    """Anthropic's input counts: those read from the cache apart, not in
+    `input_tokens`."""
+    return {"input_tokens": tokens - cached, "cache_read_input_tokens": cached,
+            "cache_creation_input_tokens": 0}  # fmt: skip
+
+
 def message(body: Json, reply: Reply) -> web.Response:
     inp, out = reply.tokens(body)
-    usage = {"input_tokens": inp, "output_tokens": out}
+    usage = {"output_tokens": out, **_input(inp, reply.cached)}
     return web.json_response(message_json(body, _blocks(reply), reply.stop_reason, usage))
 
 
@@ -72,7 +79,7 @@ async def stream(request: web.Request, body: Json, reply: Reply) -> web.StreamRe
     async def event(kind: str, data: Json) -> None:
         await resp.write(f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode())
 
-    start = message_json(body, [], None, {"input_tokens": inp, "output_tokens": 1})
+    start = message_json(body, [], None, {"output_tokens": 1, **_input(inp, reply.cached)})
     await event("message_start", {"message": start})
     await event("ping", {})
     for index, block in enumerate(_blocks(reply)):

@@ -76,12 +76,14 @@ def say(reply: Reply, name: str | None = None) -> Behaviour:
 
 
 def answer(
-    text: str, finish_reason: str = "stop", usage: tuple[int, int] | None = None
+    text: str, finish_reason: str = "stop", usage: tuple[int, int] | None = None, cached: int = 0
 ) -> Behaviour:
     """200 with an assistant message whose content is `text` (Anthropic: one
     text block, finish_reason "stop" is stop_reason "end_turn"; Responses: one
-    message item with one output_text, "length" is status "incomplete")."""
-    return say(Reply(text, finish_reason=finish_reason, usage=usage), f"answer({text!r})")
+    message item with one output_text, "length" is status "incomplete");
+    `cached` of its input tokens read from the prompt cache (Reply)."""
+    reply = Reply(text, finish_reason=finish_reason, usage=usage, cached=cached)
+    return say(reply, f"answer({text!r})")
 
 
 def tool_call(

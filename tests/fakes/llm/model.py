@@ -45,12 +45,16 @@ class Reply:
     "tool_calls", ...; None: "tool_calls" when there are tool calls, else
     "stop"); Anthropic's stop_reason is mapped from it. `usage` is
     (prompt/input tokens, completion/output tokens); None: estimated from the
-    request's and the reply's sizes (about 4 characters a token)."""
+    request's and the reply's sizes (about 4 characters a token). `cached`:
+    how many of the input tokens were read from the provider's prompt cache
+    (OpenAI: `cached_tokens` in the usage's details, of the prompt tokens;
+    Anthropic: `cache_read_input_tokens`, beside `input_tokens`)."""
 
     text: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     finish_reason: str | None = None
     usage: tuple[int, int] | None = None
+    cached: int = 0
 
     @property
     def finish(self) -> str:

@@ -42,16 +42,17 @@ def completion(body: Json, reply: Reply) -> web.Response:
             "created": int(time.time()),
             "model": body.get("model", "fake-model"),
             "choices": [{"index": 0, "message": message, "finish_reason": reply.finish}],
-            "usage": _usage(prompt, completion_tokens),
+            "usage": _usage(prompt, completion_tokens, reply.cached),
         }
     )
 
 
-def _usage(prompt: int, completion_tokens: int) -> Json:
+def _usage(prompt: int, completion_tokens: int, cached: int = 0) -> Json:
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
     }
 
 
@@ -88,7 +89,7 @@ async def stream(request: web.Request, body: Json, reply: Reply) -> web.StreamRe
             await delta({"tool_calls": [{"index": i, "function": {"arguments": frag}}]})
     await delta({}, reply.finish)
     if include_usage:
-        await send([], usage=_usage(*reply.tokens(body)))
+        await send([], usage=_usage(*reply.tokens(body), reply.cached))
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
     return resp

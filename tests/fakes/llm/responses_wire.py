@@ -60,10 +60,10 @@ def _items(reply: Reply, status: str) -> list[Json]:
     return items
 
 
-def usage_json(input_tokens: int, output_tokens: int) -> Json:
+def usage_json(input_tokens: int, output_tokens: int, cached: int = 0) -> Json:
     return {
         "input_tokens": input_tokens,
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
         "output_tokens": output_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": input_tokens + output_tokens,
@@ -120,7 +120,7 @@ def response(body: Json, reply: Reply) -> web.Response:
     "incomplete", incomplete_details.reason "max_output_tokens"), output a
     message (output_text) and/or function_call items, usage."""
     status, incomplete = _status(reply)
-    usage = usage_json(*reply.tokens(body))
+    usage = usage_json(*reply.tokens(body), reply.cached)
     return web.json_response(response_json(body, _items(reply, status), status, usage, incomplete))
 
 
@@ -172,7 +172,7 @@ async def stream(request: web.Request, body: Json, reply: Reply) -> web.StreamRe
                 await event("response.function_call_arguments.delta", **at, delta=frag)
             await event("response.function_call_arguments.done", **at, arguments=item["arguments"])
         await event("response.output_item.done", output_index=index, item=item)
-    usage = usage_json(*reply.tokens(body))
+    usage = usage_json(*reply.tokens(body), reply.cached)
     final = response_json(
         body, items, status, usage, incomplete, started["id"], started["created_at"]
     )
