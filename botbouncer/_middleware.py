@@ -6,10 +6,11 @@ platform library, whose update loop must go on: failures are logged."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from botbouncer.bouncer import Bouncer
 from gateway.decide import SpentTicket, UnknownTicket
-from gateway.model import Decision
+from gateway.model import ChatRef, Decision
 from gateway.store import StoreError
 
 
@@ -48,3 +49,16 @@ async def release(bouncer: Bouncer, decision: Decision, log: logging.Logger) -> 
                   "the ticket lapses", name, decision.message_id, exc)  # fmt: skip
     except Exception:  # never into the platform library's update loop
         log.exception("bot %s: releasing the ticket of %s failed", name, decision.message_id)
+
+
+def telegram_chat(chat_id: Any, thread: Any) -> str | None:
+    """The chat key of a Bot API call's chat_id and message_thread_id, for a
+    copy or forward whose answer (MessageId) names no chat: only a numeric
+    chat id is a chat the gateway knows (an @channelname is a channel's, no
+    conversation)."""
+    if isinstance(chat_id, str) and chat_id.lstrip("-").isdigit():
+        chat_id = int(chat_id)
+    if type(chat_id) is not int:
+        return None
+    topic = str(thread) if type(thread) is int and thread else None
+    return ChatRef("telegram", str(chat_id), topic=topic).key

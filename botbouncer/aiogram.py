@@ -20,17 +20,21 @@ Two aiogram hooks, both documented extension points:
   text, not as a reply; `warnings=False`: nothing) and no handler runs.
   `reply`: the handlers run with the message's ticket, which is released
   when they sent nothing (no handler matched, or they raised: the exception
-  goes on to aiogram's error handlers).
+  goes on to aiogram's error handlers). A message a handler returns for
+  aiogram to send (`return message.answer(...)`, aiogram's answer into a
+  webhook, which it sends after the handlers) is sent by the guard while
+  the ticket is open, as aiogram would, so that it is counted under it.
 - a request middleware on the bot's session (`bot.session.middleware`) sees
   every method the bot calls. Telegram never shows a bot its own messages,
-  so each message the bot sends (any send*/forward* method answering a
-  Message: sendMessage, sendPhoto, sendMediaGroup...) is counted as its turn
+  so each message the bot sends (any send*/forward*/copy* method:
+  sendMessage, sendPhoto, sendMediaGroup, copyMessage...) is counted as its turn
   when Telegram answers with its id: under the ticket of the message being
   handled when it was sent from a handler into that message's chat (the
   first one fills the turn its reply held), else on its own
   (`Bouncer.posted`: a scheduled post, a callback query's answer, a send
-  into another chat). Edits are no new turn and are not counted, nor are
-  copies (copyMessage answers a MessageId without its chat).
+  into another chat). Copies (copyMessage, copyMessages, forwardMessages
+  answer MessageIds without their chat) are counted in the chat the call
+  named. Edits are no new turn and are not counted.
 
 Which bot: `guard(dp, bouncer, bot=bot)` guards that bot from now on (its
 session middleware is installed at once, so a send before polling starts
@@ -76,13 +80,13 @@ from aiogram.dispatcher.middlewares.base import BaseMiddleware
 from aiogram.methods import Response, TelegramMethod
 from aiogram.methods.base import TelegramType
 from aiogram.types import Message as AiogramMessage
-from aiogram.types import TelegramObject
+from aiogram.types import MessageId, TelegramObject
 from telegram import Message as TgMessage
 from telegram import Update, User
 
 from adapters.common import clean, handle_event
 from adapters.telegram import Unreadable, chat_of, to_message
-from botbouncer._middleware import count_sent, release
+from botbouncer._middleware import count_sent, release, telegram_chat
 from botbouncer.bouncer import Bouncer
 from gateway.config import ConfigError
 from gateway.model import Action, Decision, Message
@@ -94,9 +98,10 @@ log = logging.getLogger("botbouncer.aiogram")
 
 Handler = Callable[[TelegramObject, dict[str, Any]], Awaitable[Any]]
 
-# Bot API methods that post a new message (their answer is the Message, or a
-# list of them); edits answer a Message too, but are no new turn.
-_SENDING = ("send", "forward")
+# Bot API methods that post a new message (their answer is the Message, a
+# list of them, or for copies their MessageIds); edits answer a Message too,
+# but are no new turn.
+_SENDING = ("send", "forward", "copy")
 
 
 @dataclass(eq=False)
@@ -222,7 +227,14 @@ class AiogramGuard(BaseMiddleware):
         ticket = _Ticket(self, d)
         token = _current.set(ticket)
         try:
-            return await handler(event, data)
+            result = await handler(event, data)
+            if isinstance(result, TelegramMethod) and result.__api_method__.startswith(_SENDING):
+                # A reply returned for aiogram to send ("answer into webhook", in
+                # polling too) would go after the handlers, outside the ticket:
+                # sent here, under it, as aiogram would (its errors logged).
+                await Dispatcher.silent_call_request(bot=bot, result=result)
+                return None
+            return result
         finally:
             _current.reset(token)
             # also while this task is being cancelled: the slot goes back
@@ -275,9 +287,12 @@ class AiogramGuard(BaseMiddleware):
             return
         sent = result if isinstance(result, list) else [result]
         for one in sent:
-            if isinstance(one, AiogramMessage):
+            if isinstance(one, AiogramMessage | MessageId):
                 try:
-                    await self._count_one(one)
+                    if isinstance(one, AiogramMessage):
+                        await self._count_one(one)
+                    else:
+                        await self._count_copy(method, one)
                 except StoreError as exc:
                     log.error("bot %s: message %s was sent but not counted: %s",
                               self.bouncer.bot.name, one.message_id, exc)  # fmt: skip
@@ -290,7 +305,20 @@ class AiogramGuard(BaseMiddleware):
             log.warning("bot %s: message %s was sent but cannot be counted: %r",
                         self.bouncer.bot.name, sent.message_id, exc)  # fmt: skip
             return
-        message_id, text = str(sent.message_id), clean(tg.text or tg.caption)
+        await self._count_in(chat, str(sent.message_id), clean(tg.text or tg.caption))
+
+    async def _count_copy(self, method: TelegramMethod[Any], sent: MessageId) -> None:
+        """A copy (copyMessage, copyMessages, forwardMessages) answers its id
+        only: its chat is the one the call named."""
+        chat_id = getattr(method, "chat_id", None)
+        chat = telegram_chat(chat_id, getattr(method, "message_thread_id", None))
+        if chat is None:
+            log.info("bot %s: a message sent to chat %r is not counted: no chat id",
+                     self.bouncer.bot.name, chat_id)  # fmt: skip
+            return
+        await self._count_in(chat, str(sent.message_id), "")
+
+    async def _count_in(self, chat: str, message_id: str, text: str) -> None:
         ticket, d = _current.get(), None
         if (
             ticket is not None
@@ -333,6 +361,13 @@ def guard(
     `warnings=False`: a limit warning is not posted (the message is still
     kept from the handlers). At the dispatcher's shutdown the guard waits
     until the messages it let through are handled (`idle`)."""
+    for other in dispatcher.message.outer_middleware:
+        # a second guard of one bot would decide each message again: duplicate
+        if isinstance(other, AiogramGuard) and (
+            other.bouncer is bouncer or bot is None or other.bot is None or other.bot.id == bot.id
+        ):
+            raise ValueError("this dispatcher is guarded already: one guard per bot, "
+                             "each with bot= when there are several")  # fmt: skip
     g = AiogramGuard(bouncer, bot=bot, warnings=warnings)
     dispatcher.message.outer_middleware(g)
     dispatcher.startup.register(g.on_startup)

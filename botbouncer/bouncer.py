@@ -86,9 +86,11 @@ class Answer:
         self._bouncer = bouncer
         self.decision = decision
         self.ids: list[str] = []
+        self.tried = False  # a sent call spends the ticket, even one that then fails
 
     async def sent(self, message_id: str, text: str = "") -> SentResult:
         """Count one message sent for this reply (call it once per message)."""
+        self.tried = True
         (counted,) = await self._bouncer.sent(self.decision, [message_id], [text])
         self.ids.append(message_id)
         return counted
@@ -164,12 +166,13 @@ class Bouncer:
     async def answering(self, decision: Decision) -> AsyncIterator[Answer]:
         """Around sending a reply: report each message with `answer.sent`; if
         none was reported when the block ends (or it raised before one was),
-        the ticket is released."""
+        the ticket is released. A report that failed (the store) spent the
+        ticket already: its error goes on, and nothing is released."""
         answer = Answer(self, decision)
         try:
             yield answer
         finally:
-            if not answer.ids and decision.ticket is not None:
+            if not answer.tried and decision.ticket is not None:
                 await self.release(decision)
 
     def echo(self, message: Message) -> bool:

@@ -35,8 +35,10 @@ exactly where failing open would hurt; a person can ask again).
 
 Not covered: messages sent without `http.send_message` (webhooks, interaction
 responses, forum posts that open a thread) are seen only as echoes, decided
-and counted by the store then; `wait_for("message")` resolves before the
-guard decides, for every message.
+and counted by the store then. `wait_for("message")` resolves only with a
+message the guard dispatches (let through, or the bot's own), once decided;
+what the waiting code sends then counts under the ticket of the message
+whose handler waits, while it is open.
 
 The Bouncer is the caller's to close (`async with Bouncer(...)`, or after
 `client.close()`).

@@ -49,7 +49,7 @@ from telegram.ext import Application, ApplicationHandlerStop, ContextTypes, Type
 
 from adapters.common import clean
 from adapters.telegram import Unreadable, chat_of, to_message
-from botbouncer._middleware import count_sent, release
+from botbouncer._middleware import count_sent, release, telegram_chat
 from botbouncer.bouncer import Bouncer
 from gateway.config import ConfigError
 from gateway.model import Action, ChatRef, Decision
@@ -258,7 +258,7 @@ class TelegramGuard:
                 m = TgMessage.de_json(one, self.application.bot)
                 out.append((chat_of(m).key, str(m.message_id), clean(m.text or m.caption)))
             elif isinstance(one, dict) and isinstance(one.get("message_id"), int):
-                chat = _named_chat(params)
+                chat = telegram_chat(params.get("chat_id"), params.get("message_thread_id"))
                 if chat is None:
                     log.info("bot %s: a message sent to chat %r is not counted: no chat id",
                              self.name, params.get("chat_id"))  # fmt: skip
@@ -279,20 +279,6 @@ class TelegramGuard:
             d = handling.decision
             handling.sent += 1  # before any await: the release at the end sees it
         await count_sent(self.bouncer, d, chat, message_id, text, log)
-
-
-def _named_chat(params: dict[str, Any]) -> str | None:
-    """The chat key of a call's chat_id and message_thread_id, for an answer
-    without a Message: only a numeric chat id is a chat the gateway knows
-    (an @channelname is a channel's, no conversation)."""
-    chat_id = params.get("chat_id")
-    if isinstance(chat_id, str) and chat_id.lstrip("-").isdigit():
-        chat_id = int(chat_id)
-    if type(chat_id) is not int:
-        return None
-    thread = params.get("message_thread_id")
-    topic = str(thread) if type(thread) is int and thread else None
-    return ChatRef("telegram", str(chat_id), topic=topic).key
 
 
 def guard(application: AnyApplication, bouncer: Bouncer, *, warnings: bool = True) -> TelegramGuard:

@@ -22,7 +22,7 @@ from botbouncer import (
     UnknownTicket,
 )
 from gateway.config import load_config
-from gateway.store import Limits, MemoryStore, Store
+from gateway.store import Limits, MemoryStore, SentRequest, SentResult, Store, StoreError
 from gateway.store.redis import RedisStore
 from tests.daemons import running
 
@@ -197,6 +197,23 @@ async def test_answering_releases_unless_something_was_reported(store: Store) ->
         assert await soft_and_rate(store) == (2, 1)  # counted, and the slot stays spent
         with pytest.raises(SpentTicket):
             await b.release(d)
+
+
+class SentFails(MemoryStore):
+    """A store that goes away between a decision and the count of its reply."""
+
+    async def record_sent(self, req: SentRequest) -> SentResult:
+        raise StoreError("the store went away")
+
+
+async def test_answering_lets_a_store_error_of_sent_through_unmasked() -> None:
+    """The ticket is spent before the count fails: answering must not try
+    to release it (SpentTicket), which would hide the StoreError."""
+    async with Bouncer(config(), store=SentFails()) as b:
+        d = await b.decide(person(1))
+        with pytest.raises(StoreError, match="went away"):
+            async with b.answering(d) as answer:
+                await answer.sent("r1", "hello")
 
 
 async def test_posted_counts_a_message_sent_on_its_own_once(store: Store) -> None:

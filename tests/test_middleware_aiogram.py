@@ -422,6 +422,25 @@ async def test_several_bots_on_one_dispatcher_need_one_guard_each(fake: FakeTele
             await dp.start_polling(alpha, beta, handle_signals=False)
 
 
+async def test_a_second_guard_of_one_bot_is_refused(fake: FakeTelegram) -> None:
+    """Two guards of one bot would decide each message twice: the second
+    call finds it a duplicate and keeps it from the handlers."""
+    alpha = Bot(TOKENS[ALPHA], session=aiogram_session(fake.api_base))
+    beta = Bot(TOKENS[BETA], session=aiogram_session(fake.api_base))
+    async with Bouncer(config("alpha")) as a, Bouncer(config("beta")) as b:
+        dp, _ = echo_bot(a)
+        for bouncer, bot in ((a, None), (a, alpha), (b, None)):
+            with pytest.raises(ValueError, match="guarded already"):
+                guard(dp, bouncer, bot=bot)
+        one = Dispatcher()
+        guard(one, a, bot=alpha)
+        with pytest.raises(ValueError, match="guarded already"):
+            guard(one, b, bot=alpha)
+        guard(one, b, bot=beta)  # another bot: its own guard
+    await alpha.session.close()
+    await beta.session.close()
+
+
 # -- docs/examples/aiogram_bot.py as a program --------------------------------------------
 
 ALPHA_DECIDES = """\
@@ -496,3 +515,83 @@ async def test_the_example_says_so_when_telegram_refuses_the_token(
     assert "Traceback" not in run.stdout + run.stderr
     [line] = run.stderr.splitlines()
     assert line.startswith("aiogram_bot.py: Telegram refused TELEGRAM_TOKEN: "), line
+
+
+async def test_a_reply_a_handler_returns_for_aiogram_to_send_is_counted_under_its_ticket(
+    fake: FakeTelegram, decisions: Decisions
+) -> None:
+    """aiogram sends a method a handler returns (`return message.answer(...)`,
+    its "answer into webhook", in polling too) after the handlers ended: the
+    guard sends it itself while the ticket is open, so it spends the slot."""
+    dp = Dispatcher()
+
+    @dp.message()
+    async def echo(message: Message) -> Any:
+        return message.answer(f"you said: {message.text}")
+
+    one_reply = config("alpha", bot_messages="off", respond_to="mentions",
+                       rate_cap={"max_replies": 1, "window_seconds": 3600})  # fmt: skip
+    async with Bouncer(one_reply) as bouncer:
+        store = bouncer.store
+        g = guard(dp, bouncer)
+        async with polling(fake, dp, ALPHA):
+            seen = []
+            for text in ("hello", "again"):
+                said = await fake.user_says(GROUP, ALICE, f"@alpha_bot {text}")
+                d = await decisions.wait(said["message_id"], ALPHA)
+                seen.append(d["reason"] or d["action"])
+                await settled(fake, g)
+                await fake.wait_until(lambda: by(ALPHA, fake.sent) != [], what="the answer")
+            assert seen == ["reply", "rate_capped"]
+            assert await soft_of(store, chat(), ALPHA) == (0, 1)  # the slot spent
+            assert [s.text for s in by(ALPHA, fake.sent)] == ["you said: @alpha_bot hello"]
+
+
+async def test_a_copy_the_handler_sends_is_counted_in_the_chat_it_named(
+    fake: FakeTelegram, decisions: Decisions
+) -> None:
+    """copyMessage answers a MessageId without its chat: the copy is counted
+    in the chat (and topic) the call named, under the ticket when that is
+    the handled message's chat, as the Telegram middlewares say they do."""
+
+    async def copy_message(bot: Any, params: dict[str, Any]) -> dict[str, Any]:
+        source = fake.group(int(params["from_chat_id"])).messages[int(params["message_id"])]
+        sent = {"chat_id": params["chat_id"], "text": source.get("text", "a copy")}
+        if "message_thread_id" in params:
+            sent["message_thread_id"] = params["message_thread_id"]
+        copied = await fake._send_message(bot, sent)
+        return {"message_id": copied["message_id"]}
+
+    takes = frozenset({"chat_id", "from_chat_id", "message_id", "message_thread_id"})
+    fake.methods["copyMessage"] = (copy_message, takes)
+    dp = Dispatcher()
+
+    @dp.message()
+    async def echo(message: Message) -> None:
+        await message.copy_to(message.chat.id)
+        if "news" in (message.text or ""):
+            await message.copy_to(message.chat.id, message_thread_id=topic)
+
+    one_reply = config("alpha", bot_messages="off", respond_to="mentions",
+                       rate_cap={"max_replies": 1, "window_seconds": 3600})  # fmt: skip
+    async with Bouncer(one_reply) as bouncer:
+        store = bouncer.store
+        g = guard(dp, bouncer)
+        topic = fake.create_topic(GROUP, ALICE, "news")
+        async with polling(fake, dp, ALPHA):
+            seen = []
+            for text in ("hello", "again"):
+                said = await fake.user_says(GROUP, ALICE, f"@alpha_bot {text}")
+                d = await decisions.wait(said["message_id"], ALPHA)
+                seen.append(d["reason"] or d["action"])
+                await settled(fake, g)
+            assert seen == ["reply", "rate_capped"]
+            # the copy spent the slot (Alice's second message reset the count)
+            assert await soft_of(store, chat(), ALPHA) == (0, 1)
+            # from a topic: a copy into the general chat is a turn there, one
+            # into the topic fills the ticket
+            said = await fake.user_says(GROUP, ALICE, "@alpha_bot news", thread_id=topic)
+            await decisions.wait(said["message_id"], ALPHA)
+            await settled(fake, g)
+            assert await soft_of(store, chat(), ALPHA) == (1, 1)
+            assert await soft_of(store, chat(topic), ALPHA) == (1, 1)

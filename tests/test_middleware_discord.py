@@ -418,10 +418,13 @@ async def test_a_message_that_is_dropped_never_reaches_on_message(
     async with Bouncer(config("alpha", **policy), platform="discord") as bouncer:
         client, g = bot(bouncer)
         async with online((client, TOKEN_A)):
+            # nor wait_for("message"): it resolves with the message let through
+            waiting = asyncio.ensure_future(client.wait_for("message", timeout=5))
             chatting = await fake.user_says(GENERAL, ALICE, "just chatting")
             asked = await fake.user_says(GENERAL, ALICE, f"<@{BOT_A}> and you?")
             assert (await decisions.wait(chatting["id"], BOT_A))["reason"] == "not_addressed"
             await decisions.wait(asked["id"], BOT_A)
+            assert (await waiting).id == int(asked["id"])
             await g.wait_idle()
             [reply] = [m for m in fake.messages(GENERAL) if m.author_id == BOT_A]
             await Shown.of(client).wait_for(reply.id)  # its own, shown as usual
