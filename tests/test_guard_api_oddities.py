@@ -87,3 +87,16 @@ async def test_a_cost_under_half_a_micro_dollar_still_counts() -> None:
     assert answers[-1].reason == "budget_exhausted"
     exact = await guard.usage("exact", {"cost_usd": 0.15})
     assert exact.budget["usd_spent"] == 0.15  # float noise is not a micro-dollar more
+
+
+async def test_a_count_written_as_a_whole_float_is_that_count() -> None:
+    # Breaks if `tokens: 1200.0` (a float sum, or a language without
+    # integers, writes it) is a 400: the agent's usage was not counted.
+    # 1.5 tokens, or a count in a string, is still refused.
+    guard = Guard(GuardConfig(), MemoryEngine())
+    answer = await guard.usage("floaty", {"tokens": 1200.0, "budget_tokens": 2000.0})
+    assert answer.budget["tokens_spent"] == 1200
+    await guard.step("floaty", {"tool": "t", "input_tokens": 300.0})
+    for wrong in ({"tokens": 1.5}, {"tokens": "12"}, {"tokens": True}):
+        with pytest.raises(GuardInputError, match="tokens"):
+            await guard.usage("floaty", wrong)

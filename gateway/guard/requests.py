@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError
 
 from gateway.config.errors import format_path, translate
 from gateway.errors import InputError
@@ -23,8 +23,14 @@ class GuardInputError(InputError):
     """A request the agent must fix (answered 400)."""
 
 
+def _whole(value: Any) -> Any:
+    """A count written as a whole float (`1.0`, as a language without
+    integers, or a float sum, writes it) is that count; 1.5 is still refused."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 Name = Annotated[str, Field(min_length=1, max_length=200)]
-Tokens = Annotated[int, Field(ge=0, le=10**12)]
+Tokens = Annotated[int, Field(ge=0, le=10**12), BeforeValidator(_whole)]
 
 
 class _Body(BaseModel):
@@ -65,7 +71,7 @@ class UsageBody(_Body):
     # Money travels in micro-dollars: a smaller budget would round to 0, which
     # the script reads as "no budget" - the opposite of what was asked.
     budget_usd: Annotated[float, Field(ge=MIN_BUDGET_USD, le=10**7)] | None = None
-    budget_tokens: Annotated[int, Field(ge=1, le=10**13)] | None = None
+    budget_tokens: Annotated[int, Field(ge=1, le=10**13), BeforeValidator(_whole)] | None = None
 
 
 def parse_body(model: type[_Body], body: Any) -> Any:
