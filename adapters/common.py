@@ -12,7 +12,7 @@ from contextlib import AbstractAsyncContextManager
 
 from gateway.errors import BotbouncerError
 from gateway.inflight import ShuttingDown
-from gateway.model import Decision
+from gateway.model import Decision, Turn
 from gateway.pipeline import Gateway
 from gateway.store import StoreError
 
@@ -146,7 +146,9 @@ async def deliver(
     A reply that fails (or is cancelled at shutdown) before its first piece
     went gives its rate-cap slot back; a later failure stops the rest, since
     what was sent is already counted. Nothing is retried here: a platform
-    library that retries does so only where nothing was delivered.
+    library that retries does so only where nothing was delivered. A piece
+    that brings the chat to its hard limit is the last: the rest of a reply
+    too long for the limit would flood the chat past it.
     """
     with gateway.sending(d.chat):
         return await _deliver(gateway, d, pieces, send, warning)
@@ -159,8 +161,14 @@ async def _deliver(
     send: Callable[[str, int], Awaitable[str]],
     warning: bool,
 ) -> int:
-    first, sent = not warning, 0
+    first, sent, stopped = not warning, 0, False
+    pieces = list(pieces)
     for piece in pieces:
+        if stopped:
+            log.warning("bot %s: a reply in %s stopped after %d of its %d messages: the chat "
+                        "reached its hard limit", gateway.bot.name, d.chat, sent,
+                        len(pieces))  # fmt: skip
+            return sent
         try:
             message_id = await send(piece, sent)
         except SendFailed as exc:
@@ -174,6 +182,7 @@ async def _deliver(
             if sent == 0 and not warning:
                 await asyncio.shield(gateway.unsent(d, "cancelled at shutdown"))
             raise
-        await gateway.sent(d, message_id, piece, first=first)
+        counted = await gateway.sent(d, message_id, piece, first=first)
+        stopped = counted.turn in (Turn.HARD_LIMIT, Turn.STOPPED)
         first, sent = False, sent + 1
     return sent

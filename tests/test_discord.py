@@ -227,6 +227,26 @@ async def test_a_long_reply_is_split_and_never_pings_everyone(
         assert await soft_of(d, GENERAL) == 2  # two messages on Discord: two bot turns
 
 
+async def test_a_reply_longer_than_the_hard_limit_stops_there(
+    fake: FakeDiscord,
+    run: Callable[..., Any],
+    decisions: Decisions,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Breaks if every piece of a long reply is sent: a backend's 1 MB answer
+    # went out as 500 messages, each a bot turn, far past the hard limit.
+    async with run(bot("alpha", TOKEN_A, fake, turns={"soft_limit": 2, "hard_limit": 3})) as d:
+        text = f"<@{BOT_A}> " + "x" * 9000  # five messages on Discord
+        await fake.user_says(GENERAL, OWNER, text)
+        pieces = by(BOT_A, await fake.wait_for_messages(GENERAL, 4))
+        for p in pieces:
+            await decisions.wait(p.id, BOT_A)
+        await d.inflight.idle()
+        assert len(by(BOT_A, fake.messages(GENERAL))) == 3
+        assert await soft_of(d, GENERAL) == 3
+    assert "stopped after 3 of its 5 messages" in caplog.text
+
+
 async def test_bouncer_commands_reset_for_admins_refuse_others_and_explain(
     fake: FakeDiscord, run: Callable[..., Any], decisions: Decisions
 ) -> None:
