@@ -5,17 +5,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from contextlib import nullcontext
 from importlib import metadata
 from pathlib import Path
-from typing import TextIO
+from typing import IO, Any
 
 from gateway.config import Config, ConfigError, load_config
 from gateway.redact import redact
 
 EXIT_USAGE = 2
+EXIT_SIGPIPE = 141  # as a shell shows a writer stopped by SIGPIPE (128 + 13)
 MCP_LISTEN = "127.0.0.1:8090"  # mcp-proxy --upstream's default --listen
 
 
@@ -111,10 +113,10 @@ def _replay(args: argparse.Namespace) -> int:
         return _fail(str(exc.args[0]) if exc.args else str(exc))
     # Whatever open() reads is a transcript: a pipe (`<(cmd)`, a fifo) as
     # much as a file. Its error names what is wrong (missing, a directory...).
+    # Read as bytes: replay decodes each line, so a bad byte names its line.
+    stdin: IO[Any] = getattr(sys.stdin, "buffer", sys.stdin)
     try:
-        source = (
-            sys.stdin if args.transcript == "-" else open(args.transcript, encoding="utf-8")  # noqa: SIM115 - closed below
-        )
+        source = stdin if args.transcript == "-" else open(args.transcript, "rb")  # noqa: SIM115 - closed below
     except OSError as exc:
         return _fail(f"{args.transcript}: {(exc.strerror or str(exc)).lower()}")
     clock = replay_clock()
@@ -129,22 +131,37 @@ def _replay(args: argparse.Namespace) -> int:
     # The classifier runs when the config enables it; a backend never does.
     gateway = build_gateway(bot, store, outbound, dry_run=True, clock=clock)
 
-    async def run(source: TextIO) -> None:
+    async def run(source: IO[Any]) -> None:
         try:
             await replay(source, gateway, clock, sys.stdout)
         finally:
             await outbound.close()
 
     try:
-        with source if source is not sys.stdin else nullcontext(source):
+        with source if source is not stdin else nullcontext(source):
             asyncio.run(run(source))
     except ReplayError as exc:
         return _fail(f"{args.transcript}: {exc}")
-    except UnicodeDecodeError as exc:
+    except UnicodeDecodeError as exc:  # a text stdin (no .buffer)
         return _fail(f"{args.transcript}: not UTF-8 text ({exc.reason})")
+    except BrokenPipeError:
+        # The reader of our output went away (`| head`): nothing is wrong
+        # with the transcript. Whatever is still buffered goes nowhere, not
+        # to a second BrokenPipeError at exit.
+        _discard_stdout()
+        return EXIT_SIGPIPE
     except OSError as exc:
         return _fail(f"{args.transcript}: {exc.strerror}")
     return 0
+
+
+def _discard_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no file descriptor (a captured stdout)
+        pass
 
 
 def _init(args: argparse.Namespace) -> int:

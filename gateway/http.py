@@ -113,7 +113,9 @@ class HttpServer:
             return error(413, f"request body larger than {MAX_BODY} bytes")
         except web.HTTPException as exc:
             if exc.status >= 400:
-                return error(exc.status, exc.reason)
+                # A 405 names the allowed methods (RFC 9110): keep its Allow.
+                allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else {}
+                return error(exc.status, exc.reason, **allow)
             raise
         except asyncio.CancelledError:
             if not self.stopping:

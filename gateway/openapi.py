@@ -20,6 +20,7 @@ from typing import Any
 
 from gateway.admin import JSON_LIMIT_KEYS
 from gateway.decide import MAX_IDS
+from gateway.fields import MAX_COUNT, MAX_WINDOW_SECONDS, MIN_WINDOW_SECONDS
 from gateway.guard.openapi import OPENAPI as GUARD_OPENAPI
 from gateway.llmproxy import openapi as llm_openapi
 from gateway.model import Action, Reason, Turn
@@ -169,12 +170,15 @@ RELEASED: dict[str, Any] = {
     "additionalProperties": False,
 }
 
+# The bounds gateway/admin.py checks (tests/test_openapi.py holds them equal).
+_COUNT = {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_COUNT}
 _LIMIT_SCHEMAS: dict[str, dict[str, Any]] = {
-    "soft_limit": {"type": ["integer", "null"], "minimum": 1},
-    "hard_limit": {"type": ["integer", "null"], "minimum": 1},
-    "max_replies": {"type": ["integer", "null"], "minimum": 1},
-    "rate_window_seconds": {"type": ["number", "null"], "minimum": 0.001},
-}
+    "soft_limit": _COUNT,
+    "hard_limit": _COUNT,
+    "max_replies": _COUNT,
+    "rate_window_seconds": {"type": ["number", "null"], "minimum": MIN_WINDOW_SECONDS,
+                            "maximum": MAX_WINDOW_SECONDS},
+}  # fmt: skip
 LIMITS: dict[str, Any] = {
     "type": "object",
     "description": "The chat's overrides, replacing the ones it had; absent or null keys "
@@ -486,7 +490,7 @@ def document() -> dict[str, Any]:
                 }),
                 parameters=[{"name": "limit", "in": "query", "required": False,
                              "schema": {"type": "integer", "default": DECISION_LOG_SIZE,
-                                        "maximum": DECISION_LOG_SIZE}}],
+                                        "minimum": 1, "maximum": DECISION_LOG_SIZE}}],
             ),
         },
         "/v1/guard/openapi.json": {

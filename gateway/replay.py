@@ -59,14 +59,29 @@ def replay_clock() -> _Clock:
     return _Clock()
 
 
-async def replay(lines: Iterable[str], gateway: Gateway, clock: _Clock, out: TextIO) -> None:
+def _text(raw: str | bytes, line: int) -> str:
+    """A line as text: bytes are decoded here, line by line, so that a bad byte
+    is a bad line like any other (named, after the lines before it). A byte
+    order mark before the first line is no part of it."""
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ReplayError(line, f"not UTF-8 text (bad byte at offset {exc.start})") from None
+    return raw.removeprefix("\ufeff") if line == 1 else raw
+
+
+async def replay(
+    lines: Iterable[str | bytes], gateway: Gateway, clock: _Clock, out: TextIO
+) -> None:
     """Print one decision per line, in order; raise ReplayError at the first bad line
     (the lines before it have been printed)."""
     prev_at: float | None = None
     for number, raw in enumerate(lines, start=1):
-        if not raw.strip():
+        text = _text(raw, number)
+        if not text.strip():
             continue
-        msg, at = parse_line(raw, number, prev_at, gateway.bot_id)
+        msg, at = parse_line(text, number, prev_at, gateway.bot_id)
         prev_at = clock.now = at
         d = await gateway.handle(msg)
         row = {"i": number - 1, **decision_fields(d, msg.chat.id)}

@@ -286,6 +286,21 @@ async def test_a_token_header_with_non_utf8_bytes_is_401_not_500(
     assert answer.split(b"\r\n", 1)[0] == b"HTTP/1.1 401 Unauthorized"
 
 
+@pytest.mark.parametrize(
+    ("method", "suffix", "allowed"),
+    [("GET", "/pause", "POST"), ("DELETE", "/limits", "PUT"), ("POST", "", "GET")],
+)
+async def test_a_wrong_method_is_405_naming_the_allowed_ones(
+    memory_api: Api, chat: str, method: str, suffix: str, allowed: str
+) -> None:
+    """RFC 9110: a 405 carries `Allow`; the JSON error answer once dropped it."""
+    status, answer, resp = await memory_api.call(method, f"/v1/admin/chats/{chat}{suffix}")
+    assert status == 405 and "error" in answer
+    assert allowed in resp.headers.get("Allow", "").split(","), dict(resp.headers)
+    resp = await memory_api.client.get("/v1/bots/alpha/messages")
+    assert resp.status == 405 and resp.headers.get("Allow") == "POST"
+
+
 # -- status ------------------------------------------------------------------
 
 

@@ -13,10 +13,13 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gateway.admin import AdminError, overrides_from
 from gateway.config import parse_config
 from gateway.daemon import Daemon
+from gateway.fields import MAX_COUNT, MAX_WINDOW_SECONDS, MIN_WINDOW_SECONDS
 from gateway.guard.openapi import OPENAPI as GUARD_OPENAPI
 from gateway.openapi import OPENAPI, render
+from gateway.store.base import DECISION_LOG_SIZE
 from gateway.wire import FIELDS
 from tests.redis_server import free_port
 
@@ -143,6 +146,37 @@ def test_every_schema_is_readable_by_the_validator() -> None:
 def test_the_message_schema_has_every_field_the_ingress_accepts() -> None:
     message = OPENAPI["components"]["schemas"]["Message"]
     assert tuple(message["properties"]) == FIELDS
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"soft_limit": MAX_COUNT + 1},
+        {"hard_limit": MAX_COUNT + 1},
+        {"max_replies": MAX_COUNT + 1},
+        {"rate_window_seconds": MAX_WINDOW_SECONDS + 1},
+        {"rate_window_seconds": MIN_WINDOW_SECONDS / 2},
+        {"soft_limit": 0},
+    ],
+)
+def test_limits_the_server_refuses_the_document_refuses_too(body: dict[str, Any]) -> None:
+    """A client that validates against the document (a generated client,
+    schemathesis) must not send what is then a 400."""
+    with pytest.raises(AdminError):
+        overrides_from(body)
+    assert problems(body, OPENAPI["components"]["schemas"]["Limits"])
+    at_the_bound = {k: MAX_COUNT if k != "rate_window_seconds" else MAX_WINDOW_SECONDS
+                    for k in body}  # fmt: skip
+    overrides_from(at_the_bound)
+    assert not problems(at_the_bound, OPENAPI["components"]["schemas"]["Limits"])
+
+
+@pytest.mark.parametrize("limit", [0, -1, DECISION_LOG_SIZE + 1])
+def test_a_decisions_limit_the_server_refuses_the_document_refuses_too(limit: int) -> None:
+    operation = OPENAPI["paths"]["/v1/admin/chats/{chat}/decisions"]["get"]
+    schema = next(p["schema"] for p in operation["parameters"] if p["name"] == "limit")
+    assert problems(limit, schema)
+    assert not problems(1, schema) and not problems(DECISION_LOG_SIZE, schema)
 
 
 def _documented() -> set[tuple[str, str]]:

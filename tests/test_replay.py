@@ -897,3 +897,65 @@ def test_subprocess_missing_file(tmp_path: Path) -> None:
     assert res.code == 2
     assert res.out == ""
     assert "nowhere.jsonl" in res.err
+
+
+# --------------------------------------------------------------------------
+# bytes that are not UTF-8, a byte order mark, a reader that stops reading
+# --------------------------------------------------------------------------
+
+
+def test_a_line_that_is_not_utf8_is_named_after_the_lines_before_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Like any malformed line: named, the lines before it printed, exit 2
+    (not one error for the whole file with nothing printed)."""
+    path = tmp_path / "t.jsonl"
+    good = transcript_text(GOOD).encode()
+    path.write_bytes(good + b'{"chat": "c", "author": "al", "text": "caf\xe9"}\n' + good)
+    code = main(["replay", str(path)])
+    cap = capsys.readouterr()
+    assert code == 2
+    assert parse_rows(cap.out) == GOOD_ROWS
+    assert re.search(r"t\.jsonl: line 3: not UTF-8 text", cap.err), cap.err
+    assert "Traceback" not in cap.err
+
+
+def test_stdin_that_is_not_utf8_names_the_line(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "replay", "-"],
+        cwd=REPO,
+        input=transcript_text(GOOD).encode() + b"\xff\xfe\n",
+        capture_output=True,
+        timeout=60,
+    )
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, err
+    assert parse_rows(proc.stdout.decode()) == GOOD_ROWS
+    assert "-: line 3: not UTF-8 text" in err and "Traceback" not in err
+
+
+def test_a_byte_order_mark_before_the_first_line_is_not_an_error(replay: Replay) -> None:
+    """Editors on Windows save UTF-8 with a BOM; the config loader reads it too."""
+    res = replay(["\ufeff" + json.dumps(human("one", mentions=["bot"])), peer()])
+    assert res.code == 0, res.err
+    assert res.rows == GOOD_ROWS
+
+
+def test_a_reader_that_stops_reading_is_not_a_transcript_error(tmp_path: Path) -> None:
+    """`replay big.jsonl | head -1`: no message blaming the transcript, no
+    traceback, and the exit status of a writer whose reader went away (141,
+    as a shell shows SIGPIPE), not 2, which says the transcript is bad."""
+    path = tmp_path / "t.jsonl"
+    path.write_text(transcript_text([peer()] * 5000), encoding="utf-8")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "replay", str(path)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert json.loads(proc.stdout.readline())["i"] == 0
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141, err
+    assert err == ""
