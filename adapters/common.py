@@ -122,11 +122,11 @@ def split_message(text: str, limit: int, size: Callable[[str], int] = len) -> li
         if cut < 0:
             cut = text.rfind(" ", fit // 2, fit + 1)
         if cut <= 0:
-            pieces.append(text[:fit])
-            text = text[fit:]
+            piece, text = text[:fit], text[fit:]
         else:
-            pieces.append(text[:cut])
-            text = text[cut + 1 :]
+            piece, text = text[:cut], text[cut + 1 :]
+        if piece.strip():  # a platform refuses a blank message, and the rest with it
+            pieces.append(piece)
     if text.strip():
         pieces.append(text)
     return pieces

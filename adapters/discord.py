@@ -134,6 +134,10 @@ def from_payload(data: Any) -> Message:
     )
 
 
+def _ignore_edit(data: Any) -> None:
+    """MESSAGE_UPDATE: an edit, or Discord filling in a message's embeds."""
+
+
 def _is_id(value: object) -> bool:
     try:
         _snowflake(value, "")
@@ -169,6 +173,10 @@ class DiscordAdapter:
         # of its parser (which would build a discord.Message and, for one it
         # cannot read, end the shard's whole connection).
         self.client._connection.parsers["MESSAGE_CREATE"] = self.on_message_create
+        # Edits are not taken (no conversation turn), and discord.py's parser
+        # would build a discord.Message of each, ending the connection on one
+        # it cannot read (a partial update, as Discord long sent them).
+        self.client._connection.parsers["MESSAGE_UPDATE"] = _ignore_edit
         self.ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._handling: set[asyncio.Task[None]] = set()

@@ -553,10 +553,13 @@ class TelegramAdapter:
             )
         limiter = self.app.bot.rate_limiter
         assert limiter is not None  # built with one
-        sent = await limiter.process_request(
-            callback=self._send_message, args=(params,), kwargs={}, endpoint="sendMessage",
-            data={"chat_id": m.chat.id}, rate_limit_args=None,
-        )  # fmt: skip
+        try:
+            sent = await limiter.process_request(
+                callback=self._send_message, args=(params,), kwargs={}, endpoint="sendMessage",
+                data={"chat_id": m.chat.id}, rate_limit_args=None,
+            )  # fmt: skip
+        except RetryAfter as exc:  # still flood-limited after the retries: nothing went
+            raise SendFailed(f"still flood-limited after {SEND_RETRIES} retries: {exc}") from None
         assert isinstance(sent, dict)  # _send_message's answer
         return str(sent["message_id"])
 

@@ -332,11 +332,16 @@ async def test_discord_events_that_are_not_messages_at_all(
     decisions: Decisions,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """An event type nobody knows, and a MESSAGE_CREATE whose data is no object."""
+    """An event type nobody knows, a MESSAGE_CREATE whose data is no object,
+    and edits discord.py could not read (a partial MESSAGE_UPDATE, as Discord
+    long sent them for embeds filled in later): each once ended the client."""
     async with discord_run():
         await discord_fake.dispatch_raw("BRAND_NEW_EVENT", {"x": [1, {"y": None}]}, guild_id=GUILD)
         for data in (None, [], "text", 5):
             await discord_fake.dispatch_raw("MESSAGE_CREATE", data, guild_id=GUILD)
+        partial = {"id": "1300000000000011111", "channel_id": str(GENERAL), "embeds": []}
+        for data in ({**partial, "guild_id": str(GUILD)}, None):
+            await discord_fake.dispatch_raw("MESSAGE_UPDATE", data, guild_id=GUILD)
         await discord_still_answers(discord_fake, decisions)
         no_tracebacks(caplog)
 

@@ -271,6 +271,30 @@ async def test_a_flood_limit_is_waited_out_and_the_reply_sent_once(
         assert await soft_of(d, chat()) == 1
 
 
+async def test_a_flood_limit_that_outlasts_the_retries_gives_the_slot_back(
+    fake: FakeTelegram, run: Callable[..., Any], decisions: Decisions
+) -> None:
+    """Three 429s in a row (PTB's limiter retries twice, then gives up):
+    nothing was delivered, so the reply is unsent like any refused one: its
+    slot comes back and `why` says backend_error, not reply."""
+    for _ in range(3):
+        fake.fail_next("sendMessage", 429, retry_after=0)  # PTB waits 0.1 s
+    async with run(bot("alpha", TOKEN_A, fake)) as d:
+        said = await fake.user_says(GROUP, ALICE, "@alpha_bot hello")
+        await fake.wait_until(lambda: len(fake.calls_of("sendMessage", TOKEN_A)) == 3)
+        await d.inflight.idle()
+        status = await d.server.admins["alpha"].status(chat())
+        entries = await d.server.admins["alpha"].why(chat(), 10)
+        assert [(e["id"], e["reason"]) for e in entries][:1] == [
+            (str(said["message_id"]), "backend_error")
+        ]
+        assert (status.rate_used, status.soft) == (0, 0)
+        # the chat is not stuck: the next message is answered
+        await fake.user_says(GROUP, ALICE, "@alpha_bot again")
+        [reply] = await fake.wait_sent(1, chat_id=GROUP)
+        assert reply.text == "@alpha_bot again"
+
+
 async def test_a_refused_reply_gives_its_slot_back(
     fake: FakeTelegram, run: Callable[..., Any], decisions: Decisions
 ) -> None:
