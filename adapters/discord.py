@@ -84,10 +84,13 @@ def _snowflake(value: object, what: str) -> str:
     raise PayloadError(f"{what} {value!r} is not a Discord id")
 
 
-def from_payload(data: Any) -> Message:
+def from_payload(data: Any, own_role: tuple[str, str] | None = None) -> Message:
     """A MESSAGE_CREATE payload as the gateway sees it: the channel is the chat
     (a thread is a channel), a message without a guild is a DM, a reply names
     the author it answers (None when Discord sent no readable author for it).
+    `own_role`: (the bot's role in the guild, the bot's id): a mention of the
+    role is a mention of the bot (Discord's autocomplete offers both, under
+    the one name).
 
     Raises PayloadError naming the field when the id, channel, author, type or
     content is missing or unreadable; whatever else is odd is left unread.
@@ -128,10 +131,32 @@ def from_payload(data: Any) -> Message:
             str(u["id"])
             for u in (mentions if isinstance(mentions, list) else ())
             if isinstance(u, dict) and _is_id(u.get("id"))
-        ),
+        )
+        + _role_mention(data, own_role),
         reply_to=str(replied_id) if _is_id(replied_id) else None,
         system=kind_of not in WRITTEN_TYPES,
     )
+
+
+def _role_mention(data: dict[str, Any], own_role: tuple[str, str] | None) -> tuple[str, ...]:
+    roles = data.get("mention_roles")
+    if own_role is None or not isinstance(roles, list) or own_role[0] not in map(str, roles):
+        return ()
+    return (own_role[1],)
+
+
+def own_role(client: discord.Client, data: Any) -> tuple[str, str] | None:
+    """For from_payload: (the client's bot's own role in the message's guild,
+    the bot's id), when the message mentions roles and the bot has one."""
+    if not isinstance(data, dict) or not data.get("mention_roles"):
+        return None
+    try:
+        guild = client.get_guild(int(data.get("guild_id") or 0))
+    except (TypeError, ValueError):
+        return None
+    role = guild.self_role if guild is not None else None
+    user = client.user
+    return (str(role.id), str(user.id)) if role is not None and user is not None else None
 
 
 def _ignore_edit(data: Any) -> None:
@@ -258,7 +283,7 @@ class DiscordAdapter:
         bot sent is decided here and then (no task, no store call), anything
         else is handled in a task of its own."""
         try:
-            msg = from_payload(data)
+            msg = from_payload(data, own_role(self.client, data))
         except PayloadError as exc:
             what = data.get("id") if isinstance(data, dict) else "?"
             log.warning("bot %s: could not read message %s from Discord (%s); ignored",

@@ -56,7 +56,7 @@ from typing import Any
 import discord
 
 from adapters.common import clean
-from adapters.discord import PayloadError, from_payload
+from adapters.discord import PayloadError, from_payload, own_role
 from botbouncer._middleware import count_sent, release
 from botbouncer.bouncer import Bouncer
 from gateway.config import ConfigError
@@ -150,7 +150,7 @@ class DiscordGuard:
         at once; anything else is decided in a task and dispatched, or not."""
         self._me()
         try:
-            msg = from_payload(data)
+            msg = from_payload(data, own_role(self.client, data))
         except PayloadError as exc:
             what = data.get("id") if isinstance(data, dict) else "?"
             log.info("bot %s: message %s passed through undecided: %s", self.name, what, exc)

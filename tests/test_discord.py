@@ -23,11 +23,13 @@ from tests.daemons import admitted_ids, running
 from tests.decisions import Decisions
 from tests.fakes.discord import (
     ALICE,
+    ALPHA_ROLE,
     BOT_A,
     BOT_B,
     GENERAL,
     GUILD,
     MOD,
+    MOD_ROLE,
     OTHER_BOT,
     OWNER,
     THREAD,
@@ -209,6 +211,19 @@ async def test_two_fronted_bots_on_one_redis_stop_at_the_soft_limit_with_one_war
         resumed = await decisions.wait(again["id"], BOT_A)
         assert (resumed["turn"], resumed["action"]) == ("reset", "reply")
         await fake.wait_until(lambda: len(fake.messages(GENERAL)) >= 8, what="the resumed loop")
+
+
+async def test_a_mention_of_the_bots_own_role_is_a_mention_of_the_bot(
+    fake: FakeDiscord, run: Callable[..., Any], decisions: Decisions
+) -> None:
+    # Breaks if only a user mention addresses the bot: Discord's autocomplete
+    # offers the bot's own role under the bot's name, and a person who picked
+    # it was never answered (not_addressed). Another role is no mention.
+    async with run(bot("alpha", TOKEN_A, fake)):
+        by_role = await fake.user_says(GENERAL, ALICE, f"<@&{ALPHA_ROLE}> are you there?")
+        assert (await decisions.wait(by_role["id"], BOT_A))["action"] == "reply"
+        other = await fake.user_says(GENERAL, ALICE, f"<@&{MOD_ROLE}> can someone help?")
+        assert (await decisions.wait(other["id"], BOT_A))["reason"] == "not_addressed"
 
 
 async def test_a_long_reply_is_split_and_never_pings_everyone(

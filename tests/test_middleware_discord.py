@@ -31,6 +31,7 @@ from tests.decisions import Decisions
 from tests.examples import EXAMPLES, example, program_env
 from tests.fakes.discord import (
     ALICE,
+    ALPHA_ROLE,
     BOT_A,
     BOT_B,
     GENERAL,
@@ -429,6 +430,21 @@ async def test_a_message_that_is_dropped_never_reaches_on_message(
             [reply] = [m for m in fake.messages(GENERAL) if m.author_id == BOT_A]
             await Shown.of(client).wait_for(reply.id)  # its own, shown as usual
             assert [m.id for m in Shown.of(client)] == [int(asked["id"]), reply.id]
+
+
+async def test_a_mention_of_the_bots_own_role_reaches_on_message(
+    fake: FakeDiscord, decisions: Decisions
+) -> None:
+    # Breaks if the guard reads only user mentions: a person who picked the
+    # bot's own role from the autocomplete was decided not_addressed and never
+    # reached the bot's code.
+    async with Bouncer(config("alpha", respond_to="mentions"), platform="discord") as bouncer:
+        client, g = bot(bouncer)
+        async with online((client, TOKEN_A)):
+            asked = await fake.user_says(GENERAL, ALICE, f"<@&{ALPHA_ROLE}> are you there?")
+            assert (await decisions.wait(asked["id"], BOT_A))["action"] == "reply"
+            await g.wait_idle()
+            assert [m.id for m in Shown.of(client)][:1] == [int(asked["id"])]
 
 
 async def test_a_message_sent_outside_a_handler_is_a_turn_and_its_echo_is_shown(

@@ -54,6 +54,7 @@ from tests.fakes.discord.payloads import RecordedMessage
 from tests.fakes.discord.rest import RecordedRequest, TypingEvent
 from tests.fakes.discord.world import (
     ALICE,
+    ALPHA_ROLE,
     BOT_A,
     BOT_B,
     BOT_PERMISSIONS,
@@ -91,6 +92,7 @@ from tests.fakes.discord.world import (
 
 __all__ = [
     "ALICE",
+    "ALPHA_ROLE",
     "BOT_A",
     "BOT_B",
     "BOT_PERMISSIONS",

@@ -41,9 +41,10 @@ def role_payload(r: FakeRole) -> Json:
         "hoist": False,
         "icon": None,
         "unicode_emoji": None,
-        "managed": False,
+        "managed": r.bot_id is not None,
         "mentionable": r.mentionable,
         "flags": 0,
+        **({"tags": {"bot_id": str(r.bot_id)}} if r.bot_id is not None else {}),
     }
 
 

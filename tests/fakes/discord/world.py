@@ -131,6 +131,7 @@ class FakeRole:
     permissions: int = 0
     position: int = 1
     mentionable: bool = False
+    bot_id: int | None = None  # a bot's own role, made when it joined (managed)
 
 
 @dataclass
@@ -195,8 +196,15 @@ def member(
     return FakeMember(FakeUser(user_id, username, bot=bot), list(roles))
 
 
-def role(role_id: int, name: str, permissions: int = 0, *, mentionable: bool = False) -> FakeRole:
-    return FakeRole(role_id, name, permissions, mentionable=mentionable)
+def role(
+    role_id: int,
+    name: str,
+    permissions: int = 0,
+    *,
+    mentionable: bool = False,
+    bot_id: int | None = None,
+) -> FakeRole:
+    return FakeRole(role_id, name, permissions, mentionable=mentionable, bot_id=bot_id)
 
 
 class World(Recording):
@@ -336,6 +344,7 @@ OWNER, ALICE, MOD, OTHER_BOT = (
     1_400_000_000_000_000_004,
 )
 MOD_ROLE = 1_500_000_000_000_000_001
+ALPHA_ROLE = 1_500_000_000_000_000_002  # alpha's own role, named as the bot is
 
 
 def populate(world: World) -> None:
@@ -357,6 +366,9 @@ def populate(world: World) -> None:
             member(MOD, "mod", roles=[MOD_ROLE]),
             member(OTHER_BOT, "otherbot", bot=True),
         ],
-        roles=[role(MOD_ROLE, "mods", Perm.MANAGE_GUILD, mentionable=True)],
+        roles=[
+            role(MOD_ROLE, "mods", Perm.MANAGE_GUILD, mentionable=True),
+            role(ALPHA_ROLE, "alpha", mentionable=True, bot_id=BOT_A),
+        ],
         owner_id=OWNER,
     )
