@@ -146,9 +146,10 @@ async def deliver(
     A reply that fails (or is cancelled at shutdown) before its first piece
     went gives its rate-cap slot back; a later failure stops the rest, since
     what was sent is already counted. Nothing is retried here: a platform
-    library that retries does so only where nothing was delivered. A piece
+    library that retries does so only where nothing was delivered. An
+    answer goes out in `max_reply_messages` messages at most, and a piece
     that brings the chat to its hard limit is the last: the rest of a reply
-    too long for the limit would flood the chat past it.
+    that long would flood the chat.
     """
     with gateway.sending(d.chat):
         return await _deliver(gateway, d, pieces, send, warning)
@@ -163,6 +164,12 @@ async def _deliver(
 ) -> int:
     first, sent, stopped = not warning, 0, False
     pieces = list(pieces)
+    most = gateway.bot.max_reply_messages
+    if len(pieces) > most:
+        log.warning("bot %s: a reply in %s takes %d messages; the first %d are sent "
+                    "(max_reply_messages)", gateway.bot.name, d.chat, len(pieces),
+                    most)  # fmt: skip
+        pieces = pieces[:most]
     for piece in pieces:
         if stopped:
             log.warning("bot %s: a reply in %s stopped after %d of its %d messages: the chat "

@@ -16,6 +16,7 @@ PAIR_WINDOW_SECONDS = 60.0
 PAIR_COOLDOWN_SECONDS = 60.0
 # rate_cap:
 MAX_REPLIES = 6
+MAX_REPLY_MESSAGES = 10  # messages one answer may take (the rest dropped)
 RATE_WINDOW_SECONDS = 120.0
 # machine_pace: a person answering this bot within this many seconds of its
 # reply to them, this many times in a row, is answering at machine pace

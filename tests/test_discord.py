@@ -262,6 +262,25 @@ async def test_a_reply_longer_than_the_hard_limit_stops_there(
     assert "stopped after 3 of its 5 messages" in caplog.text
 
 
+async def test_an_answer_takes_at_most_max_reply_messages(
+    fake: FakeDiscord,
+    run: Callable[..., Any],
+    decisions: Decisions,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Breaks if every piece of an answer is sent: one runaway answer went out
+    # as up to a hundred messages (the hard limit) in a chat with a person.
+    async with run(bot("alpha", TOKEN_A, fake, max_reply_messages=2)) as d:
+        text = f"<@{BOT_A}> " + "x" * 9000  # five messages on Discord
+        await fake.user_says(GENERAL, OWNER, text)
+        pieces = by(BOT_A, await fake.wait_for_messages(GENERAL, 3))
+        for p in pieces:
+            await decisions.wait(p.id, BOT_A)
+        await d.inflight.idle()
+        assert [len(p.content) for p in by(BOT_A, fake.messages(GENERAL))] == [2000, 2000]
+    assert "takes 5 messages; the first 2 are sent" in caplog.text
+
+
 async def test_bouncer_commands_reset_for_admins_refuse_others_and_explain(
     fake: FakeDiscord, run: Callable[..., Any], decisions: Decisions
 ) -> None:

@@ -122,6 +122,10 @@ class Policy(Model):
     machine_pace: MachinePacePolicy = MachinePacePolicy()
     respond_to: Literal["mentions", "all"] = "mentions"
     rate_cap: RateCapPolicy = RateCapPolicy()
+    # An answer cut into more messages than this (the platform's size) is
+    # sent up to it, the rest dropped with a WARNING: one runaway answer is
+    # not a flood.
+    max_reply_messages: Int = Field(default=defaults.MAX_REPLY_MESSAGES, ge=1, le=1000)
     reply_decision: ReplyDecisionPolicy = ReplyDecisionPolicy()
 
     @field_validator("bot_messages", mode="before")
