@@ -22,6 +22,7 @@ from gateway.config import ReplyDecisionPolicy
 from gateway.llm import LLMError, chat_completion, completions_url
 from gateway.model import ChatKind, Message
 from gateway.outbound import Outbound
+from gateway.redact import redact
 from gateway.store import ContextEntry
 from gateway.turns import is_addressed
 
@@ -112,6 +113,10 @@ class Classifier:
         except LLMError as exc:
             log.warning("reply decision for %s failed open (REPLY): %s", msg.id, exc)
             return Verdict(True, "error", str(exc))
+        except Exception as exc:  # a call not even made (aiohttp refused a header): fail open too
+            why = redact(f"{type(exc).__name__}: {exc}", [self.api_key])
+            log.warning("reply decision for %s failed open (REPLY): %s", msg.id, why)
+            return Verdict(True, "error", why)
         ms = (time.perf_counter() - started) * 1000
         text = _THINKING.sub("", answer.text).strip()
         word = _WORD.search(text)

@@ -58,6 +58,7 @@ class Echoes:
         self._sending: dict[str, int] = {}  # chat -> sends under way
         self._parked: dict[str, list[Seen]] = {}  # chat -> echoes whose id no send knows yet
         self._counting: dict[Key, list[Seen]] = {}  # `record_sent` under way -> its echoes
+        self._counts: dict[Key, int] = {}  # how many `record_sent` of the key are under way
         self._later: set[asyncio.Task[Decision]] = set()
 
     def counted(self, chat: str, message_id: str) -> SentResult | None:
@@ -99,25 +100,35 @@ class Echoes:
         count's answer. A count that fails (or is never given) leaves its
         echoes to the store."""
         key = (chat, message_id)
-        echoes: list[Seen] = []
-        if parked := self._parked.get(chat):
-            echoes = [e for e in parked if e[0].id == message_id]
-            parked[:] = [e for e in parked if e[0].id != message_id]
-        self._counting[key] = echoes
+        # One id may be counted twice at once (a decide-mode bot retrying
+        # `sent`): the counts share its waiting echoes.
+        waiting = self._counting.get(key)
+        if waiting is None:
+            waiting = self._counting[key] = []
+            if parked := self._parked.get(chat):
+                waiting += [e for e in parked if e[0].id == message_id]
+                parked[:] = [e for e in parked if e[0].id != message_id]
+        self._counts[key] = self._counts.get(key, 0) + 1
         answer: list[SentResult] = []
         try:
             yield answer.append
         finally:
-            waiting = self._counting.pop(key)
+            left = self._counts.pop(key) - 1
+            if left:
+                self._counts[key] = left
+            else:
+                del self._counting[key]
             if answer:
                 self._sent[key] = answer[0]
                 if len(self._sent) > SENT_REMEMBERED:
                     self._sent.popitem(last=False)
                 for msg, started in waiting:
                     self._own(msg, answer[0], started)
-            else:
+                waiting.clear()
+            elif not left:  # no count will come: the store decides them
                 for msg, _ in waiting:
                     self._decide_later(msg)
+                waiting.clear()
 
     def _decide_later(self, msg: Message) -> None:
         """An own message no count claimed: the store decides, in a task."""

@@ -149,6 +149,22 @@ async def test_a_refused_connection_fails_open(
     assert "ClientConnectorError" in caplog.text
 
 
+async def test_a_call_that_cannot_even_be_made_fails_open(
+    llm: FakeLLM, store: Store, outbound: Outbound, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An api key read from a file with its newline (`${KEY}` of a mounted
+    secret) makes aiohttp refuse the header with a ValueError, no LLMError:
+    the message was neither answered nor decided (no log entry), and its rate
+    slot and turn hold were never given back."""
+    llm.default = answer("SKIP")
+    gw = gateway(bot_config(llm.url, rd_api_key='"sk-test\\n"'), store, outbound)
+    with caplog.at_level(logging.WARNING, logger="botbouncer.classifier"):
+        d = await gw.handle(ask(1))
+    assert (d.action, d.replies) == (Action.REPLY, ("what time is it?",))
+    assert "failed open" in caplog.text and "ValueError" in caplog.text
+    assert "sk-test" not in caplog.text and llm.count == 0
+
+
 async def test_dms_empty_and_system_messages_are_not_classified(
     llm: FakeLLM, store: Store, outbound: Outbound
 ) -> None:

@@ -169,3 +169,26 @@ async def test_sends_in_one_chat_overlap_and_the_last_one_releases_the_unmatched
         assert decided(decisions, "r2") == [("drop", "own_message", 2)]
     await decisions.wait("stray", "helper")  # decided in a task of the gateway's
     assert watched.admitted == ["h1", "h2", "stray"]
+
+
+async def test_one_id_reported_sent_twice_at_once_is_counted_once_without_an_error(
+    watched: Watched, decisions: Decisions
+) -> None:
+    """A decide-mode bot that retries `/sent` while its first call still waits
+    on the store reports one id twice at once: the second count's bookkeeping
+    was the first's, and the later of the two to end failed with a KeyError
+    after its count (a 500 for a reply that was counted)."""
+    gw = Gateway(bot_config(), watched, EchoBackend())  # type: ignore[arg-type]
+    d = await answered(gw)
+    watched.hold = asyncio.Event()
+    first = asyncio.ensure_future(gw.sent(d, "r1", "re"))
+    await watched.counting.wait()
+    again = asyncio.ensure_future(gw.sent(d, "r1", "re", first=False))
+    await asyncio.sleep(0)
+    assert gw.echo(own("r1")) is True  # the echo waits for a count, either one
+    watched.hold.set()
+    counted = await asyncio.gather(first, again)
+    assert [c.soft for c in counted] == [1, 1]
+    assert decided(decisions, "r1") == [("drop", "own_message", 1)]
+    assert watched.admitted == ["h1"]
+    assert gw.echo(own("r1")) is True  # known as counted

@@ -8,6 +8,7 @@ ever. A person answering at human speed is never stopped."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 from gateway.backends import EchoBackend
@@ -171,3 +172,25 @@ async def test_a_busy_chat_keeps_only_the_pace_entries_that_still_decide(store: 
     # and what the sweep keeps still decides: a fast run of answers back stops
     got = await converse(gw, clock, chat, "autobot", [0.1] * 20, responder=True)
     assert got[-1] == (Action.DROP, Reason.MACHINE_PACE)
+
+
+async def test_a_backend_slower_than_the_pace_does_not_reset_the_count(store: Store) -> None:
+    """The auto-responder's fast answers back are counted until the bot's next
+    answer, however long its backend takes (an LLM: seconds): on Redis the pace
+    entries lapsed `within_seconds` + 1 s after the last one, in real time, so
+    a backend slower than that started every count from zero and the loop
+    never stopped."""
+    clock = Clock()
+    gw = Gateway(bot_config(machine_pace="{within_seconds: 0.1, max_exchanges: 2}"), store,
+                 EchoBackend(), clock=clock)  # fmt: skip
+    got = []
+    for i in range(4):
+        d = await gw.handle(person("autobot", f"more {i}", f"slow-{i}", DM))
+        got.append(d.reason)
+        if d.action is not Action.REPLY:
+            break
+        await asyncio.sleep(1.2)  # the backend writing (real time: Redis's TTLs)
+        clock.now += 1.2
+        await gw.sent(d, f"slow-reply-{i}", d.replies[0])
+        clock.now += 0.05  # the auto-responder answers at once
+    assert got == [None, None, None, Reason.MACHINE_PACE]

@@ -125,6 +125,44 @@ async def test_the_decision_log_and_dedupe_still_hold_in_the_compact_form() -> N
     assert len(log) == 50 and log[0]["id"] == "n59"
 
 
+async def test_the_sweep_never_takes_the_chat_a_call_is_using() -> None:
+    """Every SWEEP_EVERY-th call swept the store after looking up its own
+    chat: a chat new to the store holds nothing live yet, so it was swept
+    away under the call, which wrote into a chat nobody kept: its count,
+    dedupe mark and rate slot were lost, and a redelivery of the message was
+    counted and answered again."""
+    store = MemoryStore()
+    busy = Chat(store, chat="test:busy")
+    for _ in range(memory_module.SWEEP_EVERY - 1):
+        await busy.human(local=Reason.NOT_ADDRESSED)
+    new = Chat(store, chat="test:new")
+    first = await new.admit("A", mid="x1")  # the call that starts a sweep
+    again = await new.admit("A", mid="x1")  # the platform delivers it again
+    assert (first.soft, first.reserved) == (1, True)
+    assert (again.reason, again.soft, again.reserved) == (Reason.DUPLICATE, 1, False)
+
+
+async def test_a_sweep_is_spread_over_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sweep for chats that hold nothing live looked at every chat in one
+    call (0.3 s of a blocked event loop at 100,000 chats): now a few a call,
+    and every idle chat still goes."""
+    store = MemoryStore(state_ttl_seconds=60)
+    n = 3000
+    for i in range(n):
+        await Chat(store, chat=f"test:{i}").human(local=Reason.NOT_ADDRESSED)
+    looked: list[int] = []
+    idle = store._idle
+    monkeypatch.setattr(store, "_idle", lambda chat, now: looked.append(1) or idle(chat, now))
+    live = Chat(store, chat="test:live", now_ms=1_000_000 + 7_200_000)  # past every TTL
+    most = 0
+    for _ in range(memory_module.SWEEP_EVERY + n // memory_module.SWEEP_STEP + 1):
+        before = len(looked)
+        await live.human(local=Reason.NOT_ADDRESSED)
+        most = max(most, len(looked) - before)
+    assert most == memory_module.SWEEP_STEP
+    assert store.chats() == 1
+
+
 async def test_max_chats_is_configured_and_passed_to_every_memory_store(redis_url: str) -> None:
     assert StoreConfig().max_chats == 100_000
     assert StoreConfig.model_validate({"max_chats": 500}).max_chats == 500

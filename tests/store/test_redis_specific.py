@@ -3,6 +3,7 @@ surviving a script flush."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 
@@ -10,7 +11,7 @@ import pytest
 from redis.crc import key_slot
 
 from gateway.model import Action, Decision, Reason, Turn
-from gateway.store import AdmitRequest, Limits, Observed, Overrides
+from gateway.store import AdmitRequest, Limits, Observed, Overrides, Store
 from gateway.store.redis import LateCall, RedisStore, ServerClock, pack_log, unpack_log
 from gateway.turns import Count
 from tests.store.harness import Chat
@@ -171,3 +172,23 @@ async def test_a_late_admit_is_refused_unrun(rstore: RedisStore, key_prefix: str
 def _url(store: RedisStore) -> str:
     kw = store.client.get_connection_kwargs()
     return f"redis://{kw['host']}:{kw['port']}/{kw.get('db', 0)}"
+
+
+async def test_a_bot_with_a_shorter_pair_window_does_not_lift_another_pairs_cooldown(
+    store: Store,
+) -> None:
+    """Bots with their own `pairs:` policy share a chat's pair windows: an
+    exchange counted under a short window and cooldown set the whole key's
+    TTL to that, in real time, and the cooldown of a pair under a longer one
+    lapsed with it (the memory store keeps it to its end)."""
+    long = Limits(pair_max_events=2, pair_window_ms=60_000, pair_cooldown_ms=600_000)
+    short = Limits(pair_max_events=2, pair_window_ms=500, pair_cooldown_ms=500)
+    chat = Chat(store, chat="test:pair-ttl", limits=long)
+    for author in "ABAB":  # A and B answer each other: the pair cools down for 600 s
+        await chat.admit(author, bot="X")
+    assert (await chat.admit("A", bot="B")).reason is Reason.PAIR_COOLDOWN
+    chat.limits = short
+    await chat.admit("C", bot="X")  # an exchange of another pair, counted under `short`
+    await asyncio.sleep(1.6)  # past the short TTL, in Redis's time
+    chat.limits = long
+    assert (await chat.admit("A", bot="B", tick=2)).reason is Reason.PAIR_COOLDOWN

@@ -59,7 +59,9 @@ if not AUTHOR_IS_BOT and kind == 'r' and L.pace > 0 then
   local last = redis.call('HGET', K_PACE, 's:' .. MARK .. AUTHOR)
   if last and now - tonumber(last) < L.pace then
     local fast = redis.call('HINCRBY', K_PACE, 'f:' .. MARK .. AUTHOR, 1)
-    redis.call('PEXPIRE', K_PACE, int(L.pace + 1000))
+    -- the state's TTL, as the memory store keeps them: the count must outlive
+    -- the bot's next answer however slow its backend (sent.lua sweeps)
+    redis.call('PEXPIRE', K_PACE, TTL)
     if fast > L.pace_max then return finish('drop', 'machine_pace', turn, soft, hard, '', 0) end
   else
     redis.call('HDEL', K_PACE, 'f:' .. MARK .. AUTHOR)

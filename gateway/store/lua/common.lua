@@ -124,7 +124,10 @@ local function exchange(pair)
   if #kept > L.pair_max then
     redis.call('HSET', K_PAIRS, 'c:' .. pair, int(now + L.pair_cooldown))
   end
-  redis.call('PEXPIRE', K_PAIRS, int(math.max(L.pair_window, L.pair_cooldown) + 1000))
+  -- only ever longer: bots with a shorter `pairs:` policy share the key, and
+  -- must not cut another pair's cooldown short
+  local ttl = math.max(L.pair_window, L.pair_cooldown) + 1000
+  if redis.call('PTTL', K_PAIRS) < ttl then redis.call('PEXPIRE', K_PAIRS, int(ttl)) end
 end
 
 -- Turn holds: a sorted set of "this bot will answer that message" (hold_name),

@@ -33,6 +33,6 @@ if answered and ARGV[13] ~= '' and L.pace > 0 then
       and redis.call('HLEN', K_PACE) > 64 then  -- base.PACE_SWEEP_AT
     sweep_pace()
   end
-  redis.call('PEXPIRE', K_PACE, int(L.pace + 1000))
+  redis.call('PEXPIRE', K_PACE, TTL)  -- as admit.lua: the count outlives a slow answer
 end
 return {turn_of(kind, soft, hard), soft, hard}
