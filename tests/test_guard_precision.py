@@ -6,6 +6,7 @@ and on a real Redis. Each scenario is a peer's test in botbouncer's terms
 # ruff: noqa: F811 - the fixtures imported from test_guard are parameters here
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from gateway.guard.service import Answer, Guard
@@ -92,6 +93,24 @@ async def test_the_same_failing_call_with_nothing_changing_is_still_blocked(
     assert first <= 2 * 3  # by the third identical failure at the latest
 
 
+async def test_a_retest_after_a_fix_is_no_part_of_the_failure_streak(guard: Guard) -> None:
+    # Breaks if the step check counts a streak that a success has ended: the
+    # retest after the fix was blocked (failure_streak) though it is new.
+    for seed in range(5):  # a counter: one call up to its numbers, failing alike
+        got = await call(guard, "terminal", {"command": "pytest", "seed": seed},
+                         f"1 failed in run {seed}", ok=False)  # fmt: skip
+    assert (got[1].decision, got[1].reason) == ("block", "failure_streak")
+    await call(guard, "edit_file", {"path": "src/parse.py", "old": "a", "new": "b"}, "ok")
+    retest = await guard.step("s", {"tool": "terminal", "args": {"command": "pytest", "seed": 9}})
+    assert retest.decision == "allow", (retest.decision, retest.reason)
+    # without the fix in between, the next call of that shape is still blocked
+    for seed in range(5):
+        await call(guard, "terminal", {"command": "pytest", "seed": seed},
+                   f"1 failed in run {seed}", ok=False, session="t")  # fmt: skip
+    again = await guard.step("t", {"tool": "terminal", "args": {"command": "pytest", "seed": 9}})
+    assert (again.decision, again.reason) == ("block", "failure_streak")
+
+
 # -- 2. volatile fields in results ---------------------------------------------
 
 
@@ -108,6 +127,29 @@ async def test_results_differing_only_in_volatile_fields_are_the_same_result(
                   "timestamp": f"2026-11-23T10:00:0{i}Z"}  # fmt: skip
         got += await call(guard, "execute_code", {"code": "print(users['user'])"}, output)
     assert got[-1].decision == "block" or any(a.decision == "block" for a in got)
+
+
+async def test_volatile_keys_in_json_held_in_a_nested_string_are_left_out(
+    guard: Guard,
+) -> None:
+    # Breaks if only a whole output held in a string is read as JSON: an MCP
+    # CallToolResult reported as it is (its JSON in content[].text) never
+    # repeated, its duration and pid changing on every run.
+    got: list[Answer] = []
+    for i in range(4):
+        text = json.dumps({"stdout": "KeyError: 'user'", "duration_ms": 100 + i, "pid": 4000 + i})
+        output = {"content": [{"type": "text", "text": text}], "isError": False}
+        got += await call(guard, "execute_code", {"code": "print(users['user'])"}, output)
+    assert (got[-2].decision, got[-2].reason) == ("block", "identical_call")
+
+
+async def test_a_result_of_brackets_nested_past_any_limit_is_a_result(guard: Guard) -> None:
+    # Breaks if a string that looks like JSON is parsed by json.loads: 30,000
+    # brackets raised RecursionError (a 500) and the result was lost.
+    deep = "[" * 30_000 + "]" * 30_000
+    for output in (deep, {"text": deep}):
+        got = await call(guard, "read_file", {"path": "deep.json"}, output)
+        assert decisions(got) <= OK_OR_WARN
 
 
 async def test_volatile_text_in_a_plain_output_is_ignored_too(guard: Guard) -> None:
@@ -212,6 +254,33 @@ async def test_one_template_written_to_thirty_files_is_not_fixation(make: Any) -
                                                 "content": TEMPLATE}, "write complete")  # fmt: skip
     assert decisions(got) <= OK_OR_WARN, [(a.decision, a.reason) for a in got]
     assert "input_fixation" not in {a.reason for a in got}
+
+
+FILE = "def parse(text):\n" + "".join(f"    step{j} = handle(text, {j})\n" for j in range(40))
+
+
+async def test_rewriting_one_file_between_test_runs_is_not_fixation(guard: Guard) -> None:
+    # Breaks if only the tool's own result restarts its fixation window: the
+    # fourth rewrite of a file was blocked though each test run between the
+    # rewrites answered something new.
+    got: list[Answer] = []
+    for i in range(6):
+        got += await call(guard, "write_file", {"path": "src/parse.py",
+                                                "content": FILE + f"    return step{i}\n"},
+                          "File written successfully")  # fmt: skip
+        failure = PYTEST_FAIL.format(name=f"case_{i}", arg=f"x{i}", want=i, n=6 - i, p=i, ms=40)
+        got += await call(guard, "terminal", {"command": "pytest -q"}, failure, ok=False)
+    assert "input_fixation" not in {a.reason for a in got}
+    assert decisions(got) <= OK_OR_WARN, [(a.decision, a.reason) for a in got]
+    # rewritten with nothing new in between, it is still fixation
+    got = []
+    for i in range(4):
+        got += await call(guard, "write_file", {"path": "src/parse.py",
+                                                "content": FILE + f"    return step{i}\n"},
+                          "File written successfully", session="t")  # fmt: skip
+        got += await call(guard, "terminal", {"command": "pytest -q"}, "1 failed",
+                          ok=False, session="t")  # fmt: skip
+    assert ("block", "input_fixation") in [(a.decision, a.reason) for a in got]
 
 
 async def test_rephrasing_one_query_is_still_fixation(guard: Guard) -> None:

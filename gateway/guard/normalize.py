@@ -256,10 +256,14 @@ def volatile_text(text: str, keys: frozenset[str], limit: int | None = None) -> 
 _KEY_VALUE = re.compile(r"(\b([A-Za-z][\w-]*)\s*[=:]\s*)[^\s,;]+")
 
 
-def steady(output: Any, volatile_keys: tuple[str, ...] = VOLATILE_KEYS) -> Any:
+def steady(
+    output: Any, volatile_keys: tuple[str, ...] = VOLATILE_KEYS, *, json_in_text: int = 2
+) -> Any:
     """`output` without what changes on every run of the same call: volatile
     keys dropped from objects at any depth (also from a string holding a JSON
-    object or array), and volatile text masked in its strings' first
+    object or array, at any depth: an MCP result's text; `json_in_text`
+    levels of JSON in such strings, so that what is hashed stays far from
+    Python's recursion limit), and volatile text masked in its strings' first
     MASK_CHARS characters, all strings counted. Iterative, like words()."""
     keys = _keys(volatile_keys)
     budget = MASK_CHARS  # characters still to mask, over every string of it
@@ -273,14 +277,17 @@ def steady(output: Any, volatile_keys: tuple[str, ...] = VOLATILE_KEYS) -> Any:
         return done
 
     def clean_text(text: str) -> Any:
-        stripped = text.strip()
+        nonlocal budget
+        # past the budget, or the levels, a string is text: not even stripped
+        stripped = text.strip() if json_in_text and budget > 0 else ""
         if stripped[:1] in ("{", "[") and len(stripped) <= 65_536:
-            try:
-                parsed = json.loads(stripped)
+            try:  # loads: a text nested too deep is a ValueError, not a RecursionError
+                parsed = loads(stripped)
             except ValueError:
                 parsed = None
-            if isinstance(parsed, dict | list) and not depth_over(parsed):
-                return steady(parsed, volatile_keys)
+            if isinstance(parsed, dict | list):
+                budget -= len(text)
+                return steady(parsed, volatile_keys, json_in_text=json_in_text - 1)
         return masked(text)
 
     if isinstance(output, str):
@@ -304,7 +311,7 @@ def steady(output: Any, volatile_keys: tuple[str, ...] = VOLATILE_KEYS) -> Any:
                 stack.append((v, items, i))
             parent[slot] = items
         elif isinstance(item, str):
-            parent[slot] = masked(item)
+            parent[slot] = clean_text(item)
         else:
             parent[slot] = item
     return root[0]

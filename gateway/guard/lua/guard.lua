@@ -133,9 +133,10 @@ local function new_tool() return {n = 0, fail = 0, same = 0, toks = {}} end
 -- The failure streak counts a tool's failures in a row that repeat the one
 -- before: the same call up to numbers (a retry counter is no new call), the
 -- same failure up to numbers, and no call of any tool succeeding in between.
--- Distinct arguments, another failure or a successful step since are progress.
+-- Distinct arguments, another failure or a successful step since are progress:
+-- after one, the next call is no part of the streak either.
 local function check_failures_of(name, t, shape)
-  if t.fail > 0 and t.fash == shape then check_failures(name, t) end
+  if t.fail > 0 and t.fash == shape and t.fprog == (S.prog or 0) then check_failures(name, t) end
 end
 
 -- Identical failures: the same call failing the same way, counted over the
@@ -297,9 +298,13 @@ local function check(OP, P)
         if best_reps >= L.cycle_block then finding('block', 'tool_cycle', ev)
         elseif best_reps >= L.cycle_warn then finding('warn', 'tool_cycle', ev) end
       end
-      -- fixation: the tool's last calls since progress, all different, all alike
+      -- fixation: the tool's last calls since progress, all different, all alike;
+      -- a call's changed result since the tool's newest call (S.fix moved on:
+      -- the test run between two rewrites of a file) restarts its window
       local win = {}
-      for i = math.max(1, #t.toks - L.fix_window + 2), #t.toks do win[#win + 1] = t.toks[i] end
+      if t.fix == S.fix then
+        for i = math.max(1, #t.toks - L.fix_window + 2), #t.toks do win[#win + 1] = t.toks[i] end
+      end
       win[#win + 1] = {s = P.sig, k = P.toks, g = P.tgt}
       if #win >= L.fix_window and not P.poll then
         local distinct, low, targets = true, 1, true
@@ -384,7 +389,10 @@ local function check(OP, P)
       t = tool_state(name)
       t.n = t.n + 1
       -- the check compares a new call with the window's other fix_window - 1
-      if not P.poll then push(t.toks, {s = P.sig, k = P.toks, g = P.tgt}, L.fix_window - 1) end
+      if not P.poll then
+        if t.fix ~= S.fix then t.toks, t.fix = {}, S.fix end
+        push(t.toks, {s = P.sig, k = P.toks, g = P.tgt}, L.fix_window - 1)
+      end
       t.lash = P.ash  -- the call a failure reported next belongs to
       if P.poll then call.p = 1 end
       push(S.hist, call, L.history)
@@ -431,12 +439,18 @@ local function check(OP, P)
         S.run.r, S.run.has = P.rh, true
       end
     end
-    -- a changed result is progress: the fixation window restarts at this call
-    if t.res ~= nil and t.res ~= P.rh and #t.toks > 0 then
-      t.toks = {t.toks[#t.toks]}
+    local changed = t.res ~= P.rh
+    -- a changed result is progress: the fixation window restarts at this call;
+    -- one that answers a call restarts every other tool's at its next call too
+    if t.res ~= nil and changed then
+      if #t.toks > 0 then t.toks = {t.toks[#t.toks]} end
+      if call and not P.poll then
+        local kept = t.fix == S.fix
+        S.fix = (S.fix or 0) + 1
+        if kept then t.fix = S.fix end
+      end
     end
     -- no progress: the same result again, with nothing new from any tool since
-    local changed = t.res ~= P.rh
     if not changed and t.epoch == S.epoch then t.same = t.same + 1 else t.same = 1 end
     if changed then S.epoch = (S.epoch or 0) + 1 end
     t.res, t.epoch = P.rh, S.epoch
