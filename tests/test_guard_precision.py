@@ -111,6 +111,21 @@ async def test_a_retest_after_a_fix_is_no_part_of_the_failure_streak(guard: Guar
     assert (again.decision, again.reason) == ("block", "failure_streak")
 
 
+async def test_a_retry_storm_with_a_new_request_id_each_time_is_a_failure_streak(
+    guard: Guard,
+) -> None:
+    # Breaks if a call's shape keeps its UUIDs: a client that retries with a
+    # fresh request id each time, failing alike, was a new call every time,
+    # and nothing blocked it before the 26th call.
+    got: list[Answer] = []
+    for i in range(5):
+        request = f"{i:08x}-7a1c-4e2b-9f00-{i * 7919:012x}"
+        got += await call(guard, "http_post", {"url": "https://api.example.com/orders",
+                                               "request_id": request},
+                          "503 Service Unavailable", ok=False)  # fmt: skip
+    assert (got[-1].decision, got[-1].reason) == ("block", "failure_streak")
+
+
 # -- 2. volatile fields in results ---------------------------------------------
 
 

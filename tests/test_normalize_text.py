@@ -63,6 +63,17 @@ def test_on_any_text_too(text: str) -> None:
     assert normalize._VOLATILE_TEXT.sub("~", text) == OBVIOUS.sub("~", text)
 
 
+CALL_OBVIOUS = re.compile(
+    r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b|\d+"
+)
+
+
+@settings(max_examples=EXAMPLES * 20, deadline=None, suppress_health_check=list(HealthCheck))
+@given(TEXT)
+def test_a_calls_shape_masks_what_the_obvious_spelling_masks(text: str) -> None:
+    assert normalize._CALL_MASK.sub("#", text) == CALL_OBVIOUS.sub("#", text)
+
+
 def test_key_values_are_masked_only_where_a_separator_is() -> None:
     keys = normalize._keys(normalize.VOLATILE_KEYS)
     assert normalize.volatile_text("pid=42 ok", keys) == "pid=~ ok"

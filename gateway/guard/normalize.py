@@ -209,6 +209,14 @@ _VOLATILE_TEXT = re.compile(
     r"[0-9a-fA-F]{7}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b)"
 )
 _DIGITS = re.compile(r"\d+")
+# A call's shape masks its UUIDs whole as well (a retry that sends a new
+# request id each time is no new call), as `\b<uuid>\b|\d+` would, in one
+# character class first for the reason above (a test compares the two).
+_CALL_MASK = re.compile(
+    r"[\da-fA-F](?:(?<=[0-9a-fA-F])(?<!\w\w)"
+    r"[0-9a-fA-F]{7}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"
+    r"|(?<=\d)\d*+)"
+)
 
 
 def _key(name: str) -> str:
@@ -328,16 +336,17 @@ def shape(value: Any) -> str:
     return _shape_of(canonical(value))
 
 
-def _shape_of(text: str) -> str:
+def _shape_of(text: str, mask: re.Pattern[str] = _DIGITS) -> str:
     if len(text) > MASK_CHARS:  # numbers past it are part of the shape
-        return digest(_DIGITS.sub("#", text[:MASK_CHARS]) + text[MASK_CHARS:])
-    return digest(_DIGITS.sub("#", text))
+        return digest(mask.sub("#", text[:MASK_CHARS]) + text[MASK_CHARS:])
+    return digest(mask.sub("#", text))
 
 
 def call_hashes(tool: str, args: Any) -> tuple[str, str]:
-    """signature(tool, args) and shape(args), from one canonical text."""
+    """signature(tool, args) and the arguments' shape, from one canonical
+    text: numbers masked, and UUIDs whole (a result's are masked by steady)."""
     text = canonical(args)
-    return _signature_of(tool, text), _shape_of(text)
+    return _signature_of(tool, text), _shape_of(text, _CALL_MASK)
 
 
 def value_hashes(value: Any) -> tuple[str, str]:
