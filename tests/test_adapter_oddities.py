@@ -298,7 +298,9 @@ async def test_discord_a_100_kb_message_is_answered_in_pieces_and_kept_short(
 ) -> None:
     text = mention(BIG)
     # a backend that is given context, so the store keeps some
-    async with discord_run(backend={"type": "python", "callable": SHOUT}) as d:
+    # every piece sent: max_reply_messages (10 by default) would cut it
+    shout = {"type": "python", "callable": SHOUT}
+    async with discord_run(backend=shout, max_reply_messages=100) as d:
         payload = discord_fake.message_payload(GENERAL, D_ALICE, text)
         await discord_fake.dispatch_raw("MESSAGE_CREATE", payload, guild_id=GUILD)
         seen = await decisions.wait(payload["id"], D_BOT)
@@ -611,7 +613,7 @@ async def test_telegram_a_100_kb_message_is_answered_in_pieces_and_kept_short(
     pieces take a minute). Emoji count twice in Telegram's UTF-16 limit."""
     text = " ".join(f"w{i:05d}\U0001f642" for i in range(11_000))  # 99,999 characters
     backend = {"type": "python", "callable": SHOUT, "context_messages": 50}
-    async with telegram_run(backend=backend) as d:
+    async with telegram_run(backend=backend, max_reply_messages=100) as d:  # every piece
         said = await telegram_fake.user_says(T_ALICE, T_ALICE, text, to_bot=T_BOT)
         seen = await decisions.wait(said["message_id"], T_BOT)
         assert seen["action"] == "reply"
