@@ -86,6 +86,8 @@ _MENTION = re.compile(r"<@([UW][A-Z0-9]+)(?:\|[^<>]*)?>")
 _BROADCAST = re.compile(r"<!")
 # Threads the bot posted in that a gateway remembers (one entry each).
 THREADS_REMEMBERED = 10_000
+# Users whose kind (person or bot) users.info told, one entry each.
+PEOPLE_REMEMBERED = 10_000
 
 
 class PayloadError(BotbouncerError, ValueError):
@@ -106,9 +108,11 @@ def from_event(event: Any) -> Message | None:
     A channel is a chat; a thread (`thread_ts`) is its own chat
     (`slack:<channel>:<thread_ts>`); an `im` is a DM. A bot is anything with
     `bot_id`, `bot_profile` or subtype `bot_message` (other apps, workflows,
-    legacy integrations). A subtype people do not write (a join, a topic
-    change, a pin) is a system message. A reply in a thread names the thread's
-    starter as the author it answers (`parent_user_id`).
+    legacy integrations; a person posting through an app with their own
+    token looks the same: `People` tells them apart). A subtype people do not
+    write (a join, a topic change, a pin) is a system message. A reply in a
+    thread names the thread's starter as the author it answers
+    (`parent_user_id`).
 
     Raises PayloadError naming the field when the channel, ts or author is
     missing or unreadable.
@@ -151,6 +155,40 @@ def escape(text: str) -> str:
     group: `<!here>`, `<!channel>`, `<!everyone>`, `<!subteam^…>` become text.
     A person mentioned by id (`<@U…>`) is still mentioned."""
     return _BROADCAST.sub("&lt;!", text)
+
+
+class People:
+    """Which authors stamped with an app's `bot_id` are people. Slack stamps
+    every message an app posts through the API with the app's `bot_id` and
+    `bot_profile`, a person's too when the app posts with that person's user
+    token (a voice front desk, an IRC bridge): `user` is then the person.
+    users.info tells (`is_bot`), once a user, at most PEOPLE_REMEMBERED of
+    them; when it cannot, the author stays a bot, as the event says."""
+
+    def __init__(self) -> None:
+        self._bots: OrderedDict[str, bool] = OrderedDict()  # user -> is a bot
+
+    async def unmask(self, msg: Message, event: dict[str, Any], web: AsyncWebClient) -> Message:
+        """`msg`, its author a person when users.info says the `user` of an
+        event stamped with an app's `bot_id` is one."""
+        user = event.get("user")
+        if (not msg.author.is_bot or not event.get("bot_id") or not isinstance(user, str)
+                or not user or event.get("subtype") == "bot_message"):  # fmt: skip
+            return msg
+        bot = self._bots.get(user)
+        if bot is None:
+            try:
+                found = (await web.users_info(user=user)).get("user")
+            except (SlackClientError, aiohttp.ClientError, OSError) as exc:
+                log.warning("could not tell whether Slack user %s, posting through an app, is a "
+                            "person (%s): taken as a bot", user, _api_error(exc)
+                            if isinstance(exc, SlackClientError) else exc)  # fmt: skip
+                return msg
+            bot = not isinstance(found, dict) or found.get("is_bot") is not False
+            self._bots[user] = bot
+            while len(self._bots) > PEOPLE_REMEMBERED:
+                self._bots.popitem(last=False)
+        return msg if bot else replace(msg, author=replace(msg.author, is_bot=False))
 
 
 class Threads:
@@ -245,6 +283,7 @@ class SlackAdapter:
         secret = bot.slack.signing_secret
         self.verifier = SignatureVerifier(secret.get_secret_value()) if secret else None
         self.threads = Threads()
+        self.people = People()
         self.team = ""
         self._http: aiohttp.ClientSession | None = None
         self.web: AsyncWebClient | None = None
@@ -376,9 +415,12 @@ class SlackAdapter:
         msg = self.threads.address(msg, self.gateway.bot_id)
         if self.gateway.echo(msg):
             return True
-        return await self._take(f"message {msg.chat.key}/{msg.id}", lambda: self._handle(msg))
+        return await self._take(f"message {msg.chat.key}/{msg.id}",
+                                lambda: self._handle(msg, event))  # fmt: skip
 
-    async def _handle(self, msg: Message) -> None:
+    async def _handle(self, msg: Message, event: dict[str, Any]) -> None:
+        assert self.web is not None
+        msg = await self.people.unmask(msg, event, self.web)
         d = await self.gateway.handle(msg)
         if d.action is Action.REPLY and d.replies:
             await self._post(msg.chat, d, [escape(r) for r in d.replies])

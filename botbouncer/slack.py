@@ -114,7 +114,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from adapters.common import clean
-from adapters.slack import PayloadError, Threads, escape, from_event
+from adapters.slack import PayloadError, People, Threads, escape, from_event
 from botbouncer._middleware import count_sent, release
 from botbouncer.bouncer import Bouncer
 from gateway.config import ConfigError
@@ -227,6 +227,7 @@ class SlackGuard(AsyncMiddleware):
         self.bouncer = bouncer
         self.warnings = warnings
         self.threads = Threads()
+        self.people = People()
         self.known = False  # bouncer.bot_id is the bot user's
         self._strangers: set[str] = set()  # other bot users, warned about once
         self._dispatch = app.async_dispatch
@@ -400,6 +401,7 @@ class SlackGuard(AsyncMiddleware):
             if not self.bouncer.echo(msg):  # posted another way: counted now
                 await self._count_own(msg)
             return await next()
+        msg = await self.people.unmask(msg, event, req.context.client)
         decided = await self._decided(msg, str(event["type"]))
         if decided is None:
             return await req.context.ack()

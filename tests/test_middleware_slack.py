@@ -251,6 +251,27 @@ async def test_a_mention_is_answered_and_its_reply_counted_once(
     assert len(fake.messages(CHAN)) == 2
 
 
+async def test_a_person_posting_through_another_app_reaches_the_listener(
+    fake: FakeSlack, stores: StoreFactory, decisions: Decisions
+) -> None:
+    # Breaks if the guard reads every message carrying an app's bot_id as a
+    # bot's: a person posting through another app with their own user token
+    # was dropped (bot_ignored) before the app's listener saw it.
+    (store,) = await stores(1)
+    async with Bouncer(config("alpha"), platform="slack", store=store) as b1:
+
+        async def answer(message: Json, say: AsyncSay, **_: Any) -> None:
+            await say("hi")
+
+        a1, g1, shown = bolt(fake, ALPHA, b1, answer)
+        async with online(fake, (a1, ALPHA)):
+            said = await fake.user_says(CHAN, ALICE, f"<@{A_USER}> hello", via_app=BETA)
+            seen = await decisions.wait(said["ts"], A_USER)
+            assert (seen["action"], seen["turn"]) == ("reply", "reset")
+            await idle(g1)()
+            assert [m["ts"] for m in shown] == [said["ts"]]
+
+
 # -- two guarded apps --------------------------------------------------------------------
 
 

@@ -226,6 +226,27 @@ async def test_a_dm_is_always_addressed(
         assert "thread_ts" not in reply
 
 
+async def test_a_person_posting_through_an_app_is_a_person(
+    fake: FakeSlack, run: Callable[..., Any], decisions: Decisions
+) -> None:
+    # Breaks if every message carrying an app's bot_id is a bot's: Slack
+    # stamps a person's post made through an app with their own user token
+    # (a voice front desk, an IRC bridge) so, and that person was never
+    # answered (bot_ignored). The app's own bot posts are still a bot's, and
+    # users.info is asked once a user.
+    async with run(bot("alpha", fake)):
+        for i in range(2):
+            m = await fake.user_says(CHANNEL, ALICE, f"<@{A_USER}> via the app {i}", via_app=BETA)
+            assert m["bot_id"] and m["user"] == ALICE
+            seen = await decisions.wait(m["ts"], A_USER)
+            assert (seen["author"], seen["action"], seen["turn"]) == (ALICE, "reply", "reset")
+        beta = await beta_posts(fake, f"<@{A_USER}> beta itself")
+        seen = await decisions.wait(beta["ts"], A_USER)
+        assert (seen["action"], seen["reason"]) == ("drop", "bot_ignored")
+    asked = [c.params.get("user") for c in fake.calls_of("users.info")]
+    assert sorted(asked) == [ALICE, B_USER]
+
+
 async def test_a_workflow_message_is_a_bot_turn(
     fake: FakeSlack, run: Callable[..., Any], decisions: Decisions
 ) -> None:

@@ -87,16 +87,21 @@ class FakeSlack(WebApi):
         *,
         thread_ts: str | None = None,
         subtype: str | None = None,
+        via_app: str | None = None,
     ) -> Json:
         """A person posts `text` (a mention looks like `<@U123>`); the message event
         goes to every app in the channel. `subtype` makes a system message, e.g.
-        `channel_join` (which also makes the person a member). Returns the message."""
+        `channel_join` (which also makes the person a member). `via_app`: posted
+        through that app with the person's user token (the message carries the
+        app's `bot_id` and `bot_profile`, as Slack stamps it). Returns the message."""
         channel = self.world.channels[channel_id]
         if subtype == "channel_join":
             channel.members.add(user_id)
+        via = self.world.apps[via_app] if via_app is not None else None
         msg = new_message(
-            self.world, self.world.users[user_id], text, thread_ts=thread_ts, subtype=subtype
-        )
+            self.world, self.world.users[user_id], text, thread_ts=thread_ts, subtype=subtype,
+            via=via,
+        )  # fmt: skip
         self.mark_thread_reply(channel, msg)
         channel.messages.append(msg)
         await self.deliver_message(channel, msg)

@@ -33,13 +33,16 @@ def new_message(
     *,
     thread_ts: str | None = None,
     subtype: str | None = None,
+    via: FakeApp | None = None,
 ) -> Json:
-    """A message as stored and returned by chat.postMessage (no channel field there)."""
+    """A message as stored and returned by chat.postMessage (no channel field
+    there). `via`: the app a person posted through with their own user token,
+    which Slack stamps on the message as it does a bot's post."""
     msg: Json = {"type": "message", "user": user.id, "text": text, "ts": world.new_ts()}
     if subtype is not None:
         msg["subtype"] = subtype
-    if user.bot_id is not None:  # posted with a bot token: no subtype, the bot's profile
-        app = world.apps[str(user.app_id)]
+    if user.bot_id is not None or via is not None:  # posted through the API: no subtype,
+        app = via or world.apps[str(user.app_id)]  # the posting app's bot_id and profile
         msg.update(bot_id=app.bot_id, app_id=app.id, bot_profile=bot_profile(world, app))
     elif subtype is None:
         msg["client_msg_id"] = str(uuid.uuid4())
