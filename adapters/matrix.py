@@ -405,19 +405,19 @@ class MatrixAdapter:
             timeline = room.get("timeline") if isinstance(room, dict) else None
             if not isinstance(timeline, dict) or timeline.get("limited") is not True:
                 continue
-            token = timeline.get("prev_batch")
+            position = timeline.get("prev_batch")
             missed: list[dict[str, Any]] = []
-            while isinstance(token, str) and token and len(missed) < GAP_MAX:
+            while isinstance(position, str) and position and len(missed) < GAP_MAX:
                 page = await self.api.api.request(
                     Method.GET, Path.v3.rooms[str(room_id)].messages,
-                    query_params={"dir": "b", "from": token, "to": since,
+                    query_params={"dir": "b", "from": position, "to": since,
                                   "limit": str(min(GAP_PAGE, GAP_MAX - len(missed)))},
                 )  # fmt: skip
                 chunk = _events({"events": page.get("chunk")}) if isinstance(page, dict) else []
                 missed.extend(chunk)
                 end = page.get("end") if isinstance(page, dict) else None
-                token = end if chunk and end != token else None
-            if token is not None:
+                position = end if chunk and end != position else None
+            if position is not None:
                 log.warning("bot %s: more than %d events came into %s at once; the older ones "
                             "are skipped", self.bot.name, GAP_MAX, room_id)  # fmt: skip
             if missed:
