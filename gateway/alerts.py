@@ -146,7 +146,10 @@ def _spent(budget: dict[str, Any]) -> str:
 def render(kind: str, alert: Alert) -> dict[str, Any]:
     """The body each kind of target takes."""
     if kind == "slack":  # an incoming webhook; mrkdwn off: chat names stay as they are
-        return {"text": alert.text, "mrkdwn": False}
+        # & < > escaped as Slack asks: a chat or session name is anyone's to
+        # choose (the HTTP ingress), and `<!channel>` in it would ping everyone
+        text = alert.text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        return {"text": text, "mrkdwn": False}
     if kind == "discord":  # a channel webhook: at most 2,000 characters, no pings
         return {"content": alert.text[:2000], "allowed_mentions": {"parse": []}}
     return alert.payload()

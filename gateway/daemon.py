@@ -206,6 +206,7 @@ class Daemon:
                 self.adapters.append(find_adapter(bot.platform)(bot, gateway, self.server))
         self._runner: web.AppRunner | None = None
         self.stopping = asyncio.Event()
+        self.hurry = asyncio.Event()  # a second SIGTERM: cancel what is in flight now
 
     def _store_changed(self, degraded: bool) -> None:
         self.metrics.store_degraded.set(int(degraded))
@@ -214,8 +215,6 @@ class Daemon:
 
     async def start(self) -> str:
         """Start the HTTP server and every adapter; return the URL listened on."""
-        if self.alerts is not None:
-            self.alerts.start()
         http = self.config.http
         fit_open_files(http.max_connections)
         # The http section is read per connection: a reload's deadlines and
@@ -230,6 +229,8 @@ class Daemon:
         except OSError as exc:
             await self._runner.cleanup()
             raise StartupError(f"cannot listen on {http.listen}: {exc.strerror}") from None
+        if self.alerts is not None:  # once listening: a port in use leaves no sender running
+            self.alerts.start()
         await self._check_store()
         try:
             for adapter in self.adapters:
@@ -282,6 +283,9 @@ class Daemon:
         self.guard.configure(new.guard)
         if self.llm_proxy is not None and new.llm_proxy is not None:
             self.llm_proxy.configure(new.llm_proxy)
+        if new.http.max_connections != self.config.http.max_connections:
+            # the cap applies from the next connection: so must the files it needs
+            fit_open_files(new.http.max_connections)
         pending = restart_needed(self.started, new)
         self.config = new
         return pending
@@ -299,7 +303,7 @@ class Daemon:
         grace = self.config.shutdown.grace_seconds
         if len(self.inflight):
             log.info("waiting up to %gs for %d message(s) in flight", grace, len(self.inflight))
-        cancelled = await self.inflight.drain(grace)
+        cancelled = await self.inflight.drain(grace, self.hurry)
         if cancelled:
             log.warning("cancelled %d message(s) still in flight after %gs; their reply "
                         "slots were released", cancelled, grace)  # fmt: skip
@@ -370,7 +374,25 @@ async def serve(
         await daemon.stopping.wait()
     finally:
         log.info("stopping")
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            loop.remove_signal_handler(sig)
-        await daemon.stop()
+        # Handled while stopping too, or a second signal would end the
+        # process mid-drain (SIGTERM, SIGHUP: their default) and take the
+        # answers in flight and their slots with it: a second SIGTERM or
+        # SIGINT cancels what is in flight at once (a third is the default
+        # again), SIGHUP is ignored.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, _hurry, daemon, loop)
+        loop.add_signal_handler(signal.SIGHUP, log.warning, "SIGHUP while stopping: not reloaded")
+        try:
+            await daemon.stop()
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                loop.remove_signal_handler(sig)
         log.info("stopped")
+
+
+def _hurry(daemon: Daemon, loop: asyncio.AbstractEventLoop) -> None:
+    """A second SIGTERM or SIGINT while stopping: the grace period ends now."""
+    log.warning("stop requested again: cancelling what is still in flight")
+    daemon.hurry.set()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.remove_signal_handler(sig)

@@ -74,18 +74,23 @@ class InFlight:
         """Refuse new work from now on; work already tracked may go on."""
         self.closed = True
 
-    async def drain(self, grace: float) -> int:
-        """Wait up to `grace` seconds for tracked work; cancel what is left.
+    async def drain(self, grace: float, hurry: asyncio.Event | None = None) -> int:
+        """Wait up to `grace` seconds for tracked work (or until `hurry` is
+        set: a second SIGTERM); cancel what is left.
 
         Returns how many tasks had to be cancelled.
         """
         self.close()
+        waits = [asyncio.ensure_future(self._idle.wait())]
+        if hurry is not None:
+            waits.append(asyncio.ensure_future(hurry.wait()))
         try:
-            async with asyncio.timeout(grace):
-                await self._idle.wait()
+            await asyncio.wait(waits, timeout=grace, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        if self._idle.is_set():
             return 0
-        except TimeoutError:
-            pass
         left = list(self._tasks)
         for task in left:
             task.cancel()

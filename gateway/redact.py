@@ -62,8 +62,9 @@ def _parts(secret: str) -> Iterator[str]:
 
 
 def _url_secrets(text: str) -> Iterator[str]:
-    """The password in a URL's user info or its `password=` query parameter, as
-    written and decoded: aiohttp sends the decoded user info as a Basic header."""
+    """The password in a URL's user info or its `password=` query parameter (a
+    Sentinel URL's `sentinel_password=` too), as written and decoded: aiohttp
+    sends the decoded user info as a Basic header."""
     if "://" not in text:
         return
     try:
@@ -76,7 +77,7 @@ def _url_secrets(text: str) -> Iterator[str]:
         yield unquote(password)
     for pair in re.split("[&;]", parts.query):
         key, _, value = pair.partition("=")
-        if unquote_plus(key).lower() == "password" and value:
+        if unquote_plus(key).lower() in ("password", "sentinel_password") and value:
             yield value
             yield unquote_plus(value)
 

@@ -210,6 +210,16 @@ async def test_a_failing_target_is_retried_with_backoff(
     assert secret_url_part not in caplog.text and dead.url not in caplog.text
 
 
+def test_a_slack_alert_pings_no_one_whatever_the_chat_is_named() -> None:
+    # Breaks if the text goes to Slack unescaped: a chat (or agent session)
+    # named `<!channel>` through the HTTP ingress pinged the whole ops channel.
+    text = "the chat http:<!channel> & <@U0OPS> reached its limit"
+    alert = gateway.alerts.Alert("limit_reached", "http:<!channel>", "turn_soft_limit", text)
+    body = gateway.alerts.render("slack", alert)
+    assert body["text"] == ("the chat http:&lt;!channel&gt; &amp; &lt;@U0OPS&gt; reached its limit")
+    assert "<" not in body["text"] and body["mrkdwn"] is False
+
+
 async def test_the_store_lost_and_back_is_said_by_the_replica(
     redis_url: str, key_prefix: str
 ) -> None:
@@ -267,3 +277,26 @@ async def test_alerts_go_through_the_proxy_the_environment_names(
             await settle(ds[0])
     assert [r["event"] for r in hook.requests] == ["limit_reached"]
     assert proxy.seen == [hook.url]
+
+
+async def test_a_daemon_that_cannot_listen_leaves_no_alert_sender_behind() -> None:
+    """`botbouncer run` on a port in use is a startup error (exit 2): the
+    alert senders must not have been started, or left running (their client
+    printed "Unclosed client session" as the command exited)."""
+    import socket
+
+    from gateway.errors import StartupError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        alerts = [{"type": "webhook", "url": "http://127.0.0.1:9/"}]
+        listen = {"listen": f"127.0.0.1:{port}"}
+        text = yaml.safe_dump({"http": listen, "bots": [bot("alpha")], "alerts": alerts})
+        d = Daemon(parse_config(text, env={}))
+        with pytest.raises(StartupError, match="cannot listen on"):
+            await d.start()
+    assert d.alerts is not None
+    assert d.alerts._client is None or d.alerts._client.closed
+    assert all(t.done() for t in d.alerts._tasks)

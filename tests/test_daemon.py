@@ -149,6 +149,78 @@ async def test_run_serves_until_sigterm_then_exits_0(tmp_path: Path) -> None:
     assert await asyncio.wait_for(proc.wait(), 30) == 0
 
 
+async def test_a_second_sigterm_or_a_sighup_while_draining_ends_the_drain_cleanly(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM drains for shutdown.grace_seconds. A SIGHUP meanwhile (a reload
+    racing the stop) used to kill the process (SIGHUP's default), and so did
+    a second SIGTERM: exit 143, the client's connection cut, no 503, nothing
+    logged. Now SIGHUP is ignored and a second SIGTERM cancels what is in
+    flight at once: its slot released, a 503 to its client, exit 0."""
+    from tests.fakes.webhook import FakeWebhook, hang
+
+    port = free_port()
+    async with FakeWebhook() as hook:
+        hook.default = hang()
+        cfg = tmp_path / "c.yml"
+        cfg.write_text(
+            f"http: {{listen: '127.0.0.1:{port}'}}\nshutdown: {{grace_seconds: 60}}\n"
+            "bots:\n  - {name: a, platform: http, respond_to: all,\n"
+            f"     backend: {{type: webhook, url: '{hook.url}', timeout_seconds: 60}}}}\n"
+        )
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway", "run", "-c", str(cfg),
+            stderr=asyncio.subprocess.PIPE, cwd=ROOT,
+        )  # fmt: skip
+        assert proc.stderr is not None
+
+        async def line_with(text: str) -> str:
+            while True:
+                line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()  # type: ignore[union-attr]
+                assert line, f"the daemon ended before saying {text!r}"
+                if text in line:
+                    return line
+
+        try:
+            await line_with("listening on")
+            async with aiohttp.ClientSession() as http:
+                body = {"chat": "c", "author": "alice", "text": "hi"}
+                url = f"http://127.0.0.1:{port}/v1/bots/a/messages"
+                answer = asyncio.ensure_future(http.post(url, json=body))
+                while not hook.requests:  # noqa: ASYNC110 - the fake has no event for it
+                    await asyncio.sleep(0.02)  # the message is at its backend
+                proc.send_signal(signal.SIGTERM)
+                await line_with("in flight")
+                proc.send_signal(signal.SIGHUP)
+                await line_with("SIGHUP while stopping")
+                proc.send_signal(signal.SIGTERM)
+                resp = await asyncio.wait_for(answer, 10)
+                assert resp.status == 503
+                assert "stopped before this message was answered" in (await resp.json())["error"]
+            assert await asyncio.wait_for(proc.wait(), 10) == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+
+@pytest.mark.parametrize(
+    ("url", "kind"),
+    [("MEMORY://", "memory"), ("Redis+Cluster://127.0.0.1:1", "redis"),
+     ("REDIS+SENTINEL://127.0.0.1:1/m", "redis"), ("Redis://127.0.0.1:1/0", "redis")],
+)  # fmt: skip
+async def test_a_store_scheme_in_capitals_is_the_store_it_names(url: str, kind: str) -> None:
+    """check-config took a scheme in any case (`MEMORY://`: "ok - store
+    memory"), but the daemon chose the store by the lowercase prefix and gave
+    the URL to redis-py, which refused it: a traceback at start."""
+    config = parse_config(f"store: {{url: '{url}'}}\n" + TWO_BOTS)
+    daemon = Daemon(config)
+    try:
+        assert daemon.store.kind == kind
+    finally:
+        await daemon.store.close()
+
+
 def test_the_default_config_has_one_http_echo_bot() -> None:
     bot = Config.default().bots[0]
     assert (bot.name, bot.platform, bot.backend.type) == ("bot", "http", "echo")

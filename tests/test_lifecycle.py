@@ -122,6 +122,27 @@ async def test_reload_applies_policy_to_the_next_message() -> None:
         await daemon.stop()
 
 
+async def test_a_reload_that_raises_max_connections_raises_the_open_file_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """http.max_connections applies from the next connection after a reload,
+    but the open-file limit was fitted at start only: a reload from 40 to
+    1000 under a soft limit of 300 made accept() fail (EMFILE) from the
+    300th connection on, an asyncio ERROR with a traceback for each, some
+    200,000 lines a second, and not one connection got the cap's 503."""
+    import resource
+
+    limits = {"soft": 300, "hard": 20_000}
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (limits["soft"], limits["hard"]))
+    monkeypatch.setattr(resource, "setrlimit", lambda _, value: limits.update(soft=value[0]))
+    daemon = Daemon(parse_config(BASE + "http: {max_connections: 40}"))
+    try:
+        daemon.reload(parse_config(BASE + "http: {max_connections: 1000}"))
+        assert limits["soft"] == 1000 + 256
+    finally:
+        await daemon.stop()
+
+
 async def test_a_reload_that_cannot_build_a_backend_changes_nothing(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -524,6 +524,8 @@ async def test_an_llm_error_masks_the_key_before_it_is_cut_short(secrets: Secret
         "redis://:${BB_REDIS}@127.0.0.1:{port}/0",
         "redis://botbouncer:${BB_REDIS}@127.0.0.1:{port}/0",
         "redis://127.0.0.1:{port}/0?password=${BB_REDIS}",
+        # the sentinels' own password (docs/operations.md, Sentinel)
+        "redis+sentinel://127.0.0.1:{port}/mymaster?sentinel_password=${BB_REDIS}",
     ],
 )
 async def test_an_unreachable_redis_never_shows_its_password(

@@ -49,6 +49,8 @@ class StoreConfig(Model):
             raise ValueError(f"must be a URL starting with one of: {options}")
         if scheme.lower() not in STORE_SCHEMES:
             raise ValueError(f"unsupported scheme {scheme!r}; use one of: {options}")
+        # A scheme is case-insensitive; the store is chosen by the lowercase one.
+        value = scheme.lower() + value[len(scheme) :]
         if scheme.lower().endswith("+sentinel"):
             from gateway.store.redis import SentinelUrl  # the one parser of these URLs
 
@@ -73,8 +75,9 @@ def mask_password(url: Any) -> Any:
     if not isinstance(url, str):
         return url
     url = re.sub(r"(://[^/@]*?:)[^/@]*@", r"\1***@", url)
-    # redis-py also takes the password as a query parameter
-    return re.sub(r"([?&]password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
+    # redis-py also takes the password as a query parameter; a Sentinel URL
+    # the sentinels' own as sentinel_password=
+    return re.sub(r"([?&](?:sentinel_)?password=)[^&#]*", r"\1***", url, flags=re.IGNORECASE)
 
 
 _HOSTNAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
