@@ -247,7 +247,10 @@ HEALTH: dict[str, Any] = {
     "required": ["status", "store"],
     "properties": {
         "status": {"enum": ["ok", "degraded"]},
-        "store": {"type": "string", "description": "memory, redis or redis+cluster"},
+        "store": {
+            "enum": ["memory", "redis"],
+            "description": "redis for any Redis: one server, a cluster or Sentinel",
+        },
         "error": {"type": "string", "description": "Why the store is degraded."},
     },
     "additionalProperties": False,

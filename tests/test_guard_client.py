@@ -100,6 +100,20 @@ def test_the_sync_decorator_blocks_a_repeated_call_before_it_runs(threaded_url: 
     assert guard.state() is None
 
 
+def test_the_sync_client_calls_the_daemon_directly_whatever_proxy_is_named(
+    threaded_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Breaks if GuardClient follows HTTP_PROXY as plain urllib does: with a
+    # proxy named for the agent's other calls, its calls to the daemon went
+    # there, failed, and every step was let through (the client fails open).
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{free_port()}")  # nobody there
+    guard = GuardClient(threaded_url, session="sync-proxy")
+    answers = [guard.step("search", {"q": "tides"}) for _ in range(3)]
+    assert [a.decision for a in answers] == ["allow", "warn", "block"]
+
+
 def test_polling_through_the_sync_decorator_is_never_blocked(threaded_url: str) -> None:
     guard = GuardClient(threaded_url, session="sync-2")
     progress = iter(range(0, 101, 10))

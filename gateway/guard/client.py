@@ -268,8 +268,17 @@ class AsyncGuardClient(_Base):
         return wrap
 
 
+# The daemon is the agent's own service, as AsyncGuardClient reaches it
+# (aiohttp, which takes no proxy from the environment unless told): an
+# HTTP_PROXY meant for the agent's other calls would seldom reach a daemon on
+# 127.0.0.1, and an unreachable guard lets every step through.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 class GuardClient(_Base):
-    """The guard from synchronous code (urllib; no event loop needed)."""
+    """The guard from synchronous code (urllib; no event loop needed). Like
+    AsyncGuardClient, it calls the daemon directly, whatever proxy the
+    environment names."""
 
     def _request(self, method: str, op: str | None, body: Any = None) -> tuple[int, Any]:
         data = None if body is None else json.dumps(body).encode()
@@ -277,7 +286,7 @@ class GuardClient(_Base):
             self._url(op), data=data, method=method, headers={"Content-Type": "application/json"}
         )
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with _DIRECT.open(req, timeout=self.timeout) as resp:
                 return resp.status, json.loads(resp.read() or b"null")
         except urllib.error.HTTPError as err:
             raw = err.read()
