@@ -599,9 +599,9 @@ async def test_events_api_an_event_while_the_daemon_stops_is_refused_503(
         draining = asyncio.Event()
         drain = d.inflight.drain
 
-        async def spy(grace: float) -> int:
+        async def spy(grace: float, hurry: asyncio.Event | None = None) -> int:
             draining.set()
-            return await drain(grace)
+            return await drain(grace, hurry)
 
         d.inflight.drain = spy  # type: ignore[method-assign]
         async with aiohttp.ClientSession() as http:
