@@ -68,7 +68,7 @@ CALL_OBVIOUS = re.compile(
 )
 
 
-@settings(max_examples=EXAMPLES * 20, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=EXAMPLES * 4, deadline=None, suppress_health_check=list(HealthCheck))
 @given(TEXT)
 def test_a_calls_shape_masks_what_the_obvious_spelling_masks(text: str) -> None:
     assert normalize._CALL_MASK.sub("#", text) == CALL_OBVIOUS.sub("#", text)
