@@ -10,8 +10,10 @@ CONFIG ?= config.example.yml
 
 install: $(STAMP)
 
+# Made again when it has no pip: `python3 -m venv` without Debian's python3-venv
+# fails after leaving .venv/bin/python behind.
 $(STAMP): pyproject.toml
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip --version >/dev/null 2>&1 || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)

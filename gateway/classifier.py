@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.config import ReplyDecisionPolicy
-from gateway.llm import LLMError, chat_completion, completions_url
+from gateway.llm import LLMError, chat_completion, completions_url, without_thinking
 from gateway.model import ChatKind, Message
 from gateway.outbound import Outbound
 from gateway.redact import redact
@@ -55,9 +55,8 @@ class Verdict:
     cause: str  # what the model said, or why the call failed
 
 
-# What a reasoning model thinks aloud before it answers, when the endpoint
-# returns it inline; and the answer's word, the first REPLY or SKIP.
-_THINKING = re.compile(r"<think(?:ing)?>.*?(?:</think(?:ing)?>|\Z)", re.S | re.I)
+# The answer's word, the first REPLY or SKIP (after the thinking a reasoning
+# model may return inline: gateway.llm.without_thinking).
 _WORD = re.compile(r"\b(REPLY|SKIP)\b", re.I)
 
 
@@ -118,7 +117,7 @@ class Classifier:
             log.warning("reply decision for %s failed open (REPLY): %s", msg.id, why)
             return Verdict(True, "error", why)
         ms = (time.perf_counter() - started) * 1000
-        text = _THINKING.sub("", answer.text).strip()
+        text = without_thinking(answer.text).strip()
         word = _WORD.search(text)
         if word is not None and word.group(1).upper() == "SKIP":
             log.info("reply decision for %s: SKIP (%.0f ms)", msg.id, ms)

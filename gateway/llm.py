@@ -7,6 +7,7 @@ backend call can double-reply - and a second HTTP stack to configure)."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, NamedTuple
 
 import aiohttp
@@ -24,6 +25,16 @@ class Completion(NamedTuple):
     # why the model stopped: "stop", or "length" when max_tokens cut it off
     # (None when the endpoint does not say)
     finish_reason: str | None
+
+
+# What a reasoning model thinks aloud before its answer, when the endpoint
+# returns it inline in the content (unclosed: cut off while thinking).
+_LEADING_THOUGHT = re.compile(r"\A\s*<think(?:ing)?>.*?(?:</think(?:ing)?>|\Z)", re.S | re.I)
+
+
+def without_thinking(text: str) -> str:
+    """The answer without the `<think>…</think>` block it starts with, if any."""
+    return _LEADING_THOUGHT.sub("", text, count=1)
 
 
 def completions_url(endpoint: str) -> str:

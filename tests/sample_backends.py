@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import re
+import threading
+import time
 
 from gateway.model import Message
 from gateway.store import ContextEntry
@@ -35,6 +38,39 @@ async def wrong_type(msg: Message) -> int:
 
 def sync_reply(msg: Message) -> str:
     return "sync ok"
+
+
+def sync_with_context(msg: Message, context: list[ContextEntry]) -> str:
+    return f"sync, {len(context)} before"
+
+
+# Set by `blocking` while it sleeps (in whatever thread it was called in)
+BLOCKING_IN: list[str] = []
+
+
+def blocking(msg: Message) -> str:
+    """A sync function doing blocking I/O (here a sleep) for 1 s."""
+    BLOCKING_IN.append(threading.current_thread().name)
+    time.sleep(1.0)
+    return "too late"
+
+
+def _roll_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="/roll", exit_on_error=False)
+    parser.add_argument("sides", type=int)
+    return parser
+
+
+async def roll(msg: Message) -> str:
+    """Reads a command with argparse, which calls sys.exit on input it cannot
+    parse (exit_on_error=False does not cover a missing argument)."""
+    args = _roll_parser().parse_args(msg.text.split()[1:])
+    return f"rolled a d{args.sides}"
+
+
+def sync_roll(msg: Message) -> str:
+    args = _roll_parser().parse_args(msg.text.split()[1:])
+    return f"rolled a d{args.sides}"
 
 
 NOT_CALLABLE = 3

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from gateway.backends import Guarded, make_backend
 from gateway.backends.breaker import CircuitBreaker, CircuitOpen
@@ -14,7 +18,8 @@ from gateway.model import Action, Author, ChatRef, Message, Reason
 from gateway.outbound import Outbound
 from gateway.pipeline import Gateway
 from gateway.store import Store
-from tests.fakes.llm import FakeLLM, answer, status
+from tests import sample_backends
+from tests.fakes.llm import FakeLLM, answer, reasoning, status
 from tests.fakes.webhook import FakeWebhook, hang, no_content, raw, reply_json
 
 ROOM = ChatRef("http", "room")
@@ -84,6 +89,20 @@ async def test_webhook_answers(
     assert second.reason is (Reason.RATE_CAPPED if action is Action.REPLY else None)
 
 
+async def test_a_reply_with_a_lone_surrogate_is_sent_and_counted(
+    hook: FakeWebhook, store: Store, outbound: Outbound
+) -> None:
+    """JSON may spell half an emoji ("\\ud83d", a model cut off mid-pair):
+    no store or platform can encode it, so the reply, once sent, could not be
+    counted as the bot's turn. It goes out with U+FFFD in its place."""
+    g = gw(bot(webhook(hook.url)), store, outbound)
+    hook.then(reply_json({"reply": "done \ud83d"}))
+    d = await g.handle(ask(1))
+    assert d.replies == ("done \ufffd",)
+    counted = await g.sent(d, "r1", d.replies[0])
+    assert counted.soft == 1  # the bot's turn, counted
+
+
 async def test_webhook_request_carries_the_message_and_recent_context(
     hook: FakeWebhook, store: Store, outbound: Outbound
 ) -> None:
@@ -108,6 +127,39 @@ async def test_webhook_request_carries_the_message_and_recent_context(
         ("Bob", "b", False),
         ("Bob", "c", False),
     ]
+
+
+@pytest.mark.parametrize("code", [301, 302, 307, 308])
+async def test_a_webhook_redirect_is_not_followed_and_says_where_it_points(
+    store: Store, outbound: Outbound, caplog: pytest.LogCaptureFixture, code: int
+) -> None:
+    """A moved webhook (http to https, a new path): followed, a 301 or 302
+    became a GET without the message (the webhook answered 405, or a page),
+    and any redirect took the headers, secrets too, to wherever it pointed.
+    Not followed, the error names the new place."""
+    reached: list[tuple[str, str | None]] = []
+
+    async def moved(_: web.Request) -> web.StreamResponse:
+        return web.Response(status=code, headers={"Location": "/new"})
+
+    async def new(request: web.Request) -> web.StreamResponse:
+        reached.append((request.method, request.headers.get("X-Hook-Token")))
+        return web.json_response({"reply": "followed"})
+
+    app = web.Application()
+    app.router.add_post("/hook", moved)
+    app.router.add_route("*", "/new", new)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}/hook"
+        g = gw(bot(webhook(url, headers="{X-Hook-Token: s3cret-hook}")), store, outbound)
+        d = await g.handle(ask(1))
+    finally:
+        await runner.cleanup()
+    assert (d.action, d.reason, reached) == (Action.DROP, Reason.BACKEND_ERROR, [])
+    assert f"webhook answered HTTP {code}, a redirect to '/new'" in caplog.text
 
 
 async def test_webhook_timeout_is_a_backend_error_and_releases_the_slot(
@@ -191,6 +243,25 @@ async def test_openai_backend(store: Store, outbound: Outbound) -> None:
         assert (await g.handle(ask(2))).reason is Reason.BACKEND_ERROR
 
 
+async def test_openai_backend_and_a_reasoning_model(
+    store: Store, outbound: Outbound, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reasoning model's inline <think> block never reaches the chat, and one
+    cut off at max_tokens while thinking is an error that names the key, not
+    a silence that looks chosen."""
+    async with FakeLLM() as llm:
+        cfg = bot(f"{{type: openai, endpoint: '{llm.base_url}', model: r1, max_tokens: 200}}")
+        g = gw(cfg, store, outbound)
+        llm.default = reasoning("Hi there!", thinking_tokens=100)
+        assert (await g.handle(ask(1))).replies == ("Hi there!",)
+        llm.default = reasoning("Hi there!", thinking_tokens=300)
+        d = await g.handle(ask(2))
+        assert (d.action, d.reason) == (Action.DROP, Reason.BACKEND_ERROR)
+        assert "cut off at max_tokens=200 before any answer" in caplog.text
+        llm.default = answer("I <think> so, yes.")  # not a block the answer starts with
+        assert (await g.handle(ask(3))).replies == ("I <think> so, yes.",)
+
+
 @pytest.mark.parametrize(
     ("name", "action", "reason", "replies"),
     [
@@ -198,8 +269,12 @@ async def test_openai_backend(store: Store, outbound: Outbound) -> None:
         ("two", Action.REPLY, None, ("first", "second")),
         ("silent", Action.DROP, Reason.BACKEND_EMPTY, ()),
         ("sync_reply", Action.REPLY, None, ("sync ok",)),
+        ("sync_with_context", Action.REPLY, None, ("sync, 0 before",)),
         ("broken", Action.DROP, Reason.BACKEND_ERROR, ()),
         ("wrong_type", Action.DROP, Reason.BACKEND_ERROR, ()),
+        # argparse exits on a command it cannot read: a backend error, not the daemon's end
+        ("roll", Action.DROP, Reason.BACKEND_ERROR, ()),
+        ("sync_roll", Action.DROP, Reason.BACKEND_ERROR, ()),
     ],
 )
 async def test_python_backend(
@@ -213,6 +288,32 @@ async def test_python_backend(
     g = gw(bot(f"{{type: python, callable: 'tests.sample_backends:{name}'}}"), store, outbound)
     d = await g.handle(ask(1))
     assert (d.action, d.reason, d.replies) == (action, reason, replies)
+
+
+async def test_a_sync_python_backend_blocks_no_other_chat_and_keeps_its_deadline(
+    store: Store, outbound: Outbound, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A plain function doing blocking I/O (1 s) runs in a thread: the event
+    loop goes on meanwhile, and the 0.3 s deadline ends the wait."""
+    cfg = bot("{type: python, callable: 'tests.sample_backends:blocking', timeout_seconds: 0.3}")
+    g = gw(cfg, store, outbound)
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.02)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    t0 = time.perf_counter()
+    d = await g.handle(ask(1))
+    took = time.perf_counter() - t0
+    ticker.cancel()
+    assert (d.action, d.reason) == (Action.DROP, Reason.BACKEND_ERROR)
+    assert "no reply within 0.3 s" in caplog.text
+    assert took < 0.9 and ticks >= 5
+    assert sample_backends.BLOCKING_IN[-1] != threading.main_thread().name
 
 
 async def test_python_backend_gets_the_context_when_it_asks(

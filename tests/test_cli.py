@@ -392,3 +392,32 @@ def test_the_daemon_says_at_start_that_its_llm_proxy_is_served(tmp_path: Path) -
         process.terminate()
         process.communicate(timeout=30)
     assert line.rstrip().endswith(" - store memory - llm proxy: /llm/openai, /llm/claude"), line
+
+
+def test_make_install_remakes_a_virtualenv_that_has_no_pip(tmp_path: Path) -> None:
+    """Without Debian's python3-venv, `python3 -m venv .venv` fails after
+    leaving .venv/bin/python behind. Once the reader installs the package and
+    runs `make run` again, the virtualenv is made again, not taken as it is
+    (its pip would be missing, for good). Here the interpreters are stand-ins
+    that log how they are called."""
+    calls = tmp_path / "calls"
+    (tmp_path / "Makefile").write_text((REPO / "Makefile").read_text())
+    (tmp_path / "pyproject.toml").write_text("")
+    venv_python = tmp_path / ".venv" / "bin" / "python"
+    venv_python.parent.mkdir(parents=True)
+    # the half-made virtualenv's python: no pip module until the venv is made again
+    venv_python.write_text(
+        "#!/bin/sh\n"
+        f'echo "venv $*" >> {calls}\n'
+        f'if [ "$*" = "-m pip --version" ] && ! [ -e {tmp_path}/pip-made ]; then exit 1; fi\n'
+    )
+    system_python = tmp_path / "python3"
+    system_python.write_text(f'#!/bin/sh\necho "system $*" >> {calls}\ntouch {tmp_path}/pip-made\n')
+    for script in (venv_python, system_python):
+        script.chmod(0o755)
+    res = subprocess.run(["make", "install", f"PYTHON={system_python}"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    logged = calls.read_text().splitlines()
+    assert "system -m venv .venv" in logged
+    assert logged[-1] == "venv -m pip install --quiet -e .[dev]"

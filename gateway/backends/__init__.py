@@ -9,6 +9,7 @@ configured backend is wrapped in `Guarded`: a timeout and a circuit breaker.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -77,7 +78,21 @@ class Guarded:
             self.breaker.failed()
             raise
         self.breaker.succeeded()
-        return out
+        return [_sendable(r) for r in out]
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _sendable(text: str) -> str:
+    """A lone surrogate (JSON may spell one, "\\ud83d"; a Python backend may
+    return one) becomes U+FFFD: no store or platform can encode it, and the
+    reply, once sent, could not be counted."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _LONE_SURROGATE.sub("\ufffd", text)
+    return text
 
 
 def _breaker(cfg: BreakerConfig) -> CircuitBreaker:

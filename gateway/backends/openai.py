@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gateway import config
-from gateway.llm import chat_completion, completions_url
+from gateway.llm import LLMError, chat_completion, completions_url, without_thinking
 from gateway.model import Message
 from gateway.outbound import Outbound
 from gateway.store import ContextEntry
@@ -35,10 +35,17 @@ class OpenAIBackend:
 
     async def reply(self, msg: Message, context: Sequence[ContextEntry]) -> list[str]:
         key = self.cfg.api_key.get_secret_value() if self.cfg.api_key else None
-        text, _ = await chat_completion(
+        answer, finish = await chat_completion(
             self.outbound.session, self.url, model=self.cfg.model,
             messages=self.messages(msg, context), max_tokens=self.cfg.max_tokens,
             timeout_seconds=self.cfg.timeout_seconds, api_key=key,
             temperature=self.cfg.temperature,
         )  # fmt: skip
-        return [text.strip()] if text.strip() else []
+        # A reasoning model's inline thinking is not for the chat.
+        text = without_thinking(answer).strip()
+        if not text and finish == "length":
+            # Not "the model chose silence": it would be the same for every message.
+            raise LLMError(f"cut off at max_tokens={self.cfg.max_tokens} before any answer "
+                           "(a reasoning model spends tokens thinking first): raise the "
+                           "backend's max_tokens")  # fmt: skip
+        return [text] if text else []

@@ -1,13 +1,18 @@
 """`python`: `package.module:function`, an async callable taking the message
 (and, if it accepts a second argument, the recent context). It returns a
-string, a list of strings, or None (stay silent)."""
+string, a list of strings, or None (stay silent). A plain (sync) function runs
+in a thread of its own: blocking I/O in it holds up no other chat, and its
+deadline still ends the wait."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import importlib
 import inspect
 import os
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -67,6 +72,40 @@ def _takes_context(fn: Callable[..., Any]) -> bool:
     return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
 
 
+def _is_async(fn: Callable[..., Any]) -> bool:
+    """An async function, or an object whose __call__ is one."""
+    call = type(fn).__call__ if not inspect.isroutine(fn) else fn
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
+def _in_thread(call: Callable[[], Any]) -> asyncio.Future[Any]:
+    """`call()` in a daemon thread of its own, its outcome as a future of this
+    loop. Not the loop's default executor: a call that never returns would
+    hold one of its few threads (aiohttp resolves names there) and block the
+    daemon's exit; this one is abandoned when the deadline passes."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+
+    def settle(out: Any, exc: BaseException | None) -> None:
+        if done.done():  # the deadline passed: nobody waits any more
+            return
+        if exc is None:
+            done.set_result(out)
+        else:
+            done.set_exception(exc)
+
+    def run() -> None:
+        try:
+            out, exc = call(), None
+        except BaseException as caught:  # handed to the loop, as it would have seen it
+            out, exc = None, caught
+        with contextlib.suppress(RuntimeError):  # the loop closed: the daemon stopped meanwhile
+            loop.call_soon_threadsafe(settle, out, exc)
+
+    threading.Thread(target=run, name="botbouncer-python-backend", daemon=True).start()
+    return done
+
+
 class PythonBackend:
     name = "python"
 
@@ -74,11 +113,18 @@ class PythonBackend:
         self.fn = load_callable(cfg.callable)
         self.spec = cfg.callable
         self.with_context = _takes_context(self.fn)
+        # A sync function would block the event loop, every chat, and its
+        # own deadline (which cannot interrupt a call that never yields).
+        self.threaded = not _is_async(self.fn)
 
     async def reply(self, msg: Message, context: Sequence[ContextEntry]) -> list[str]:
-        out = self.fn(msg, list(context)) if self.with_context else self.fn(msg)
-        if inspect.isawaitable(out):
-            out = await out
+        args = (msg, list(context)) if self.with_context else (msg,)
+        try:
+            out = await _in_thread(lambda: self.fn(*args)) if self.threaded else self.fn(*args)
+            if inspect.isawaitable(out):
+                out = await out
+        except SystemExit as exc:  # argparse on a bad command, say: not the daemon's exit
+            raise PythonBackendError(f"{self.spec} raised SystemExit({exc.code!r})") from None
         if out is None:
             return []
         if isinstance(out, str):

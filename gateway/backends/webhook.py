@@ -71,14 +71,21 @@ class WebhookBackend:
         body = {"bot": self.bot, "message": message_json(msg),
                 "context": [e.as_dict() for e in context]}  # fmt: skip
         try:
-            async with self.outbound.session.post(self.cfg.url, json=body,
-                                                  headers=self.headers) as resp:  # fmt: skip
+            # A redirect is not followed: aiohttp would turn a 301/302 into a GET
+            # without the body (the webhook then answers 405 or a page), and take
+            # the headers, secrets too, to wherever it points.
+            async with self.outbound.session.post(self.cfg.url, json=body, headers=self.headers,
+                                                  allow_redirects=False) as resp:  # fmt: skip
                 raw = await resp.read()
                 status = resp.status
+                moved = resp.headers.get("Location")
         except aiohttp.ClientError as exc:
             raise self._error(f"webhook unreachable: {type(exc).__name__}: {exc}") from None
         if status == 204:
             return []
+        if 300 <= status < 400 and moved:
+            raise self._error(f"webhook answered HTTP {status}, a redirect to {moved[:200]!r} "
+                              "(not followed: set the backend's url to it)")  # fmt: skip
         if not 200 <= status < 300:
             # Masked before it is cut short: a cut secret would not be recognised.
             shown = redact(raw.decode("utf-8", "replace"), self.headers.values())
