@@ -53,8 +53,10 @@ SEND_RETRIES = 3
 SYNC_TIMEOUT_MS = 30_000
 # A room's /sync timeline cut short (`limited`: more came than the homeserver
 # shows at once) is completed from /messages, this many events a request, up
-# to GAP_MAX events a room (the newest kept, the skipped ones logged).
-GAP_PAGE, GAP_MAX = 100, 1000
+# to GAP_MAX events a room (the newest kept, the skipped ones logged), in
+# GAP_PAGES requests at most (a page the homeserver filtered empty, events of
+# a user the bot ignores, still leads on: the spec says to page until no end).
+GAP_PAGE, GAP_MAX, GAP_PAGES = 100, 1000, 20
 # After a failed /sync: wait this long, doubling up to the maximum.
 SYNC_RETRY_MIN, SYNC_RETRY_MAX = 1.0, 60.0
 # The sync position is saved at most this often (seconds), and at the stop.
@@ -407,7 +409,10 @@ class MatrixAdapter:
                 continue
             position = timeline.get("prev_batch")
             missed: list[dict[str, Any]] = []
-            while isinstance(position, str) and position and len(missed) < GAP_MAX:
+            pages = 0
+            while (isinstance(position, str) and position and len(missed) < GAP_MAX
+                   and pages < GAP_PAGES):  # fmt: skip
+                pages += 1
                 page = await self.api.api.request(
                     Method.GET, Path.v3.rooms[str(room_id)].messages,
                     query_params={"dir": "b", "from": position, "to": since,
@@ -416,10 +421,12 @@ class MatrixAdapter:
                 chunk = _events({"events": page.get("chunk")}) if isinstance(page, dict) else []
                 missed.extend(chunk)
                 end = page.get("end") if isinstance(page, dict) else None
-                position = end if chunk and end != position else None
+                # an empty chunk with an end is a page filtered empty: page on
+                position = end if isinstance(end, str) and end != position else None
             if position is not None:
-                log.warning("bot %s: more than %d events came into %s at once; the older ones "
-                            "are skipped", self.bot.name, GAP_MAX, room_id)  # fmt: skip
+                log.warning("bot %s: more than %d events (or %d pages of them) came into %s at "
+                            "once; the older ones are skipped", self.bot.name, GAP_MAX,
+                            GAP_PAGES, room_id)  # fmt: skip
             if missed:
                 gaps[str(room_id)] = missed[::-1]
         return gaps

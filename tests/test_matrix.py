@@ -968,6 +968,46 @@ async def test_a_restart_after_a_busy_while_takes_every_message_of_the_gap(
         await forget(redis_url, key_prefix)
 
 
+async def test_a_gap_page_the_homeserver_filtered_empty_does_not_end_the_gap(
+    synapse: Synapse, redis_url: str, key_prefix: str, decisions: Decisions
+) -> None:
+    """A /messages page can come back empty with an `end` (every event of it
+    filtered out for the reader: here a spammer alpha ignores); the spec says
+    to page on until no `end`. A person's message older than such a page,
+    in the gap of a restart, is still decided."""
+    alice = await synapse.register(fresh("alice"))
+    spam = await synapse.register(fresh("spam"))
+    alpha = await synapse.register(fresh("alpha"), displayname="Alpha")
+    room = await joined_room(synapse, alice, alpha, spam)
+    await synapse.call(
+        "PUT",
+        f"/_matrix/client/v3/user/{quote(alpha.user_id)}/account_data/m.ignored_user_list",
+        alpha,
+        json={"ignored_users": {spam.user_id: {}}},
+    )
+    config = bot("alpha", alpha, synapse)
+    first = build(redis_url, key_prefix, config)
+    started: list[Daemon] = []
+    try:
+        await first.start()
+        started.append(first)
+        await first.inflight.idle()
+        started.remove(first)
+        await first.stop()
+        asked = await synapse.send_text(alice, room, "Alpha, are you there?", mentions=[alpha])
+        for n in range(260):  # past what /sync looks through (100), and pages of /messages
+            await synapse.send_text(spam, room, f"buy now {n}")
+        second = build(redis_url, key_prefix, config)
+        await second.start()
+        started.append(second)
+        seen = await decisions.wait(asked, alpha.user_id)
+        assert (seen["action"], seen["reason"]) == ("reply", None), seen
+    finally:
+        for d in started:
+            await d.stop()
+        await forget(redis_url, key_prefix)
+
+
 async def test_a_reply_fallback_is_not_read_as_the_message(
     synapse: Synapse, run: Callable[..., Any], decisions: Decisions
 ) -> None:
