@@ -88,6 +88,9 @@ _BROADCAST = re.compile(r"<!")
 THREADS_REMEMBERED = 10_000
 # Users whose kind (person or bot) users.info told, one entry each.
 PEOPLE_REMEMBERED = 10_000
+# users.info errors that asking again would repeat (a user of another
+# workspace, a token without users:read): the user is remembered as a bot.
+_FOR_GOOD = frozenset({"user_not_found", "missing_scope", "not_allowed_token_type"})
 
 
 class PayloadError(BotbouncerError, ValueError):
@@ -180,15 +183,20 @@ class People:
             try:
                 found = (await web.users_info(user=user)).get("user")
             except (SlackClientError, aiohttp.ClientError, OSError) as exc:
+                why = _api_error(exc) if isinstance(exc, SlackClientError) else str(exc)
                 log.warning("could not tell whether Slack user %s, posting through an app, is a "
-                            "person (%s): taken as a bot", user, _api_error(exc)
-                            if isinstance(exc, SlackClientError) else exc)  # fmt: skip
+                            "person (%s): taken as a bot", user, why)  # fmt: skip
+                if why in _FOR_GOOD:  # asking again would say the same: remembered
+                    self._remember(user, True)
                 return msg
             bot = not isinstance(found, dict) or found.get("is_bot") is not False
-            self._bots[user] = bot
-            while len(self._bots) > PEOPLE_REMEMBERED:
-                self._bots.popitem(last=False)
+            self._remember(user, bot)
         return msg if bot else replace(msg, author=replace(msg.author, is_bot=False))
+
+    def _remember(self, user: str, bot: bool) -> None:
+        self._bots[user] = bot
+        while len(self._bots) > PEOPLE_REMEMBERED:
+            self._bots.popitem(last=False)
 
 
 class Threads:

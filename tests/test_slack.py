@@ -247,6 +247,22 @@ async def test_a_person_posting_through_an_app_is_a_person(
     assert sorted(asked) == [ALICE, B_USER]
 
 
+async def test_a_user_slack_will_not_describe_is_asked_about_once(
+    fake: FakeSlack, run: Callable[..., Any], decisions: Decisions
+) -> None:
+    # Breaks if an answer that would be the same again (user_not_found: a
+    # user of another workspace) is not remembered: every message of theirs
+    # cost a users.info call and a WARNING line.
+    refused = '{"ok": false, "error": "user_not_found"}'
+    fake.fail_next("users.info", 200, body=refused, content_type="application/json")
+    async with run(bot("alpha", fake)):
+        for i in range(2):
+            m = await fake.user_says(CHANNEL, ALICE, f"<@{A_USER}> relayed {i}", via_app=BETA)
+            seen = await decisions.wait(m["ts"], A_USER)
+            assert (seen["action"], seen["reason"]) == ("drop", "bot_ignored")  # as stamped
+    assert [c.params.get("user") for c in fake.calls_of("users.info")] == [ALICE]
+
+
 async def test_a_workflow_message_is_a_bot_turn(
     fake: FakeSlack, run: Callable[..., Any], decisions: Decisions
 ) -> None:
