@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from typing import Any, NamedTuple
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
@@ -38,9 +39,13 @@ def without_thinking(text: str) -> str:
 
 
 def completions_url(endpoint: str) -> str:
-    """Accept the full completions URL or a base URL such as https://host/v1."""
-    url = endpoint.rstrip("/")
-    return url if url.endswith("/chat/completions") else url + "/chat/completions"
+    """Accept the full completions URL or a base URL such as https://host/v1;
+    a query (`?api-version=...`, as Azure's endpoints take) stays the query."""
+    parts = urlsplit(endpoint)
+    path = parts.path.rstrip("/")
+    if not path.endswith("/chat/completions"):
+        path += "/chat/completions"
+    return urlunsplit(parts._replace(path=path))
 
 
 async def chat_completion(

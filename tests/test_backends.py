@@ -243,6 +243,22 @@ async def test_openai_backend(store: Store, outbound: Outbound) -> None:
         assert (await g.handle(ask(2))).reason is Reason.BACKEND_ERROR
 
 
+async def test_an_openai_endpoint_with_a_query_keeps_it(store: Store, outbound: Outbound) -> None:
+    # Breaks if /chat/completions is added after the query: an endpoint such
+    # as Azure's (`...?api-version=2024-06-01`) was called at a path that
+    # does not exist, and every message was a backend_error.
+    async with FakeLLM() as llm:
+        llm.default = answer("Here.")
+        for endpoint in (f"{llm.base_url}?api-version=2024-06-01",
+                         f"{llm.base_url}/chat/completions/?api-version=2024-06-01"):  # fmt: skip
+            g = gw(bot(f"{{type: openai, endpoint: '{endpoint}', model: m}}"), store, outbound)
+            assert (await g.handle(ask(len(llm.calls) + 1))).replies == ("Here.",)
+            assert (llm.calls[-1].path, llm.calls[-1].query) == (
+                "/v1/chat/completions",
+                "api-version=2024-06-01",
+            )
+
+
 async def test_openai_backend_and_a_reasoning_model(
     store: Store, outbound: Outbound, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -92,6 +92,7 @@ class Call:
     api: Api = "openai"
     method: str = "POST"
     raw: bytes = b""  # the request body's bytes as they came
+    query: str = ""  # the query string as it came (`api-version=...`)
 
     @property
     def stream(self) -> bool:

@@ -118,6 +118,7 @@ class FakeLLM:
             body = None
         call = Call(body if isinstance(body, dict) else None, headers, "", raw=raw)
         call.path, call.api, call.method = request.path, api, request.method
+        call.query = request.query_string
         self.calls.append(call)
         return call
 
