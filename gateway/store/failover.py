@@ -268,8 +268,8 @@ class FailoverStore:
     def _refuse(self, what: str) -> Callable[[], Awaitable[None]]:
         async def refuse() -> None:
             raise StoreError(
-                f"Redis is unreachable ({self.error}); {what} is refused until it is back, "
-                "because every replica reads it from Redis"
+                f"Redis is unreachable ({self.error or 'too slow'}); {what} is refused until "
+                "it is back, because every replica reads it from Redis"
             )
 
         return refuse

@@ -9,7 +9,7 @@ import pytest
 
 from gateway.store import MemoryStore, Store, StoreError
 from gateway.store.failover import FailoverStore
-from gateway.store.redis import RedisStore
+from gateway.store.redis import LateCall, RedisStore
 from gateway.store.tickets import ISSUED, RELEASED, SENT, MemoryTickets
 from tests.redis_server import free_port
 
@@ -77,5 +77,23 @@ async def test_a_ticket_issued_locally_is_found_once_redis_is_back(
         await local.issue_ticket("b/t5", "r", 60_000)  # as during an outage
         assert await store.spend_ticket("b/t5", RELEASED) == (ISSUED, "r")
         assert await store.spend_ticket("b/none", SENT) is None  # Redis up: truly unknown
+    finally:
+        await store.close()
+
+
+async def test_a_pause_refused_for_a_late_redis_says_why(redis_url: str, key_prefix: str) -> None:
+    # Breaks if the refusal reads the outage's error, which a call late alone
+    # (Redis answers, this one came after its deadline) leaves unset: the
+    # admin was told "Redis is unreachable (None)".
+    class Late(RedisStore):
+        async def set_paused(self, chat: str, paused: bool) -> None:
+            raise LateCall("came after its deadline")
+
+    store = FailoverStore(Late.from_url(redis_url, prefix=key_prefix), MemoryStore())
+    try:
+        with pytest.raises(StoreError) as refused:
+            await store.set_paused("http:room", True)
+        assert not store.degraded
+        assert "(too slow)" in str(refused.value) and "None" not in str(refused.value)
     finally:
         await store.close()
