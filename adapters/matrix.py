@@ -47,9 +47,15 @@ log = logging.getLogger("botbouncer.matrix")
 # A Matrix event may be 64 KiB in all; 8,000 characters stay under it with
 # room for the envelope and JSON's escapes.
 MESSAGE_LIMIT = 8000
-# A send refused with M_LIMIT_EXCEEDED is tried again this many times, after
-# 1, 2, 4 s, under the same transaction id: the homeserver posts it once.
+# A send is tried again under the same transaction id (the homeserver posts
+# it once), SEND_FIRST_WAIT seconds after the first try, the wait doubling up
+# to SEND_MAX_WAIT: after a lost connection SEND_RETRIES times; while the
+# homeserver's rate limit holds (M_LIMIT_EXCEEDED), for SEND_LIMIT_SECONDS in
+# all (Synapse's default lets a user post a message every 5 s once a burst of
+# 10 is spent: the replies to a restart's backlog wait their turn).
 SEND_RETRIES = 3
+SEND_FIRST_WAIT, SEND_MAX_WAIT = 1.0, 8.0
+SEND_LIMIT_SECONDS = 60.0
 SYNC_TIMEOUT_MS = 30_000
 # A room's /sync timeline cut short (`limited`: more came than the homeserver
 # shows at once) is completed from /messages, this many events a request, up
@@ -638,11 +644,13 @@ class MatrixAdapter:
 
     async def _send(self, room_id: str, content: dict[str, Any], txn: str | None = None) -> str:
         """PUT the event under one transaction id, however often it is tried:
-        the homeserver posts it once. A rate limit is waited out SEND_RETRIES
-        times; a connection lost mid-request is tried again (same id)."""
+        the homeserver posts it once. A rate limit is waited out for up to
+        SEND_LIMIT_SECONDS; a connection lost mid-request is tried again
+        SEND_RETRIES times (same id)."""
         assert self.api is not None
         txn = txn or self.api.api.get_txn_id()
-        for attempt in range(SEND_RETRIES + 1):
+        limited, lost, waited = 0, 0, 0.0
+        while True:
             try:
                 event_id = await self.api.send_message_event(
                     RoomID(room_id),
@@ -651,14 +659,17 @@ class MatrixAdapter:
                     txn_id=txn,
                 )
             except MLimitExceeded:
-                if attempt == SEND_RETRIES:
-                    raise SendFailed("the homeserver's rate limit held after retries") from None
-                await asyncio.sleep(2**attempt)
+                wait = min(SEND_FIRST_WAIT * 2**limited, SEND_MAX_WAIT)
+                if waited + wait > SEND_LIMIT_SECONDS:
+                    raise SendFailed(f"the homeserver's rate limit held for {waited:g} s") from None
+                await asyncio.sleep(wait)
+                limited, waited = limited + 1, waited + wait
                 continue
             except MatrixConnectionError as exc:
-                if attempt == SEND_RETRIES:
+                if lost == SEND_RETRIES:
                     raise SendFailed(f"the homeserver could not be reached: {exc}") from None
-                await asyncio.sleep(2**attempt)
+                await asyncio.sleep(min(SEND_FIRST_WAIT * 2**lost, SEND_MAX_WAIT))
+                lost += 1
                 continue
             except MatrixRequestError as exc:
                 why = f"{exc.errcode or exc.http_status}: {exc.message}"
@@ -667,7 +678,6 @@ class MatrixAdapter:
                 raise SendFailed(f"the homeserver could not be reached: {exc}") from None
             self._remember(str(event_id))
             return str(event_id)
-        raise SendFailed("not sent")  # pragma: no cover - the loop returns or raises
 
     # -- admin commands -------------------------------------------------------------
 

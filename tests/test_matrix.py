@@ -15,7 +15,9 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+from mautrix.errors import MLimitExceeded
 
+from adapters import matrix
 from adapters.matrix import ENCRYPTED_NOTICE, MatrixAdapter
 from gateway.daemon import Daemon
 from gateway.errors import StartupError
@@ -862,6 +864,42 @@ async def test_a_rate_limited_send_is_retried_under_its_transaction_id(
         mine = [e for e in await synapse.messages(alpha, room, limit=100) if is_notice(e)]
         assert [e["unsigned"]["transaction_id"] for e in mine] == sent
         assert await soft_of(d, chat(room)) == 2
+
+
+async def test_a_rate_limit_is_waited_out_for_a_time_not_a_count_of_tries(
+    synapse: Synapse,
+    run: Callable[..., Any],
+    decisions: Decisions,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Breaks if a rate-limited send gives up after three tries: under
+    # Synapse's default limit (a message every 5 s past a burst of 10) the
+    # replies to a restart's backlog waited 1 + 2 + 4 s and were lost. Here
+    # the homeserver refuses the first six tries (M_LIMIT_EXCEEDED, as
+    # mautrix raises it), and the waits are scaled down.
+    monkeypatch.setattr(matrix, "SEND_FIRST_WAIT", 0.01)
+    monkeypatch.setattr(matrix, "SEND_MAX_WAIT", 0.05)
+    monkeypatch.setattr(matrix, "SEND_LIMIT_SECONDS", 5.0)
+    alice = await synapse.register(fresh("alice"))
+    alpha = await synapse.register(fresh("alpha"), displayname="Alpha")
+    room = await joined_room(synapse, alice, alpha)
+    async with run(bot("alpha", alpha, synapse)) as d:
+        (adapter,) = d.adapters
+        assert isinstance(adapter, MatrixAdapter) and adapter.api is not None
+        send, refusals = adapter.api.send_message_event, iter(range(6))
+
+        async def limited(*args: Any, **kwargs: Any) -> Any:
+            if next(refusals, None) is not None:
+                raise MLimitExceeded(429, "Too Many Requests")
+            return await send(*args, **kwargs)
+
+        adapter.api.send_message_event = limited  # type: ignore[method-assign]
+        asked = await synapse.send_text(alice, room, "Alpha: hello", mentions=[alpha])
+        assert (await decisions.wait(asked, alpha.user_id))["action"] == "reply"
+        [answer] = await notices(synapse, alice, room, 1)
+        await d.inflight.idle()
+        assert answer["content"]["body"] == "Alpha: hello"
+        assert await soft_of(d, chat(room)) == 1
 
 
 async def test_a_refused_send_gives_the_rate_slot_back(
