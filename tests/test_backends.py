@@ -57,6 +57,9 @@ def webhook(url: str, timeout: float = 2, **more: str) -> str:
         (raw("{not json"), Action.DROP, Reason.BACKEND_ERROR, ()),
         (reply_json({"reply": 7}), Action.DROP, Reason.BACKEND_ERROR, ()),
         (reply_json(["reply"]), Action.DROP, Reason.BACKEND_ERROR, ()),
+        # read whole however many reads it takes; past MAX_ANSWER, not read at all
+        (reply_json({"reply": "w" * 300_000}), Action.REPLY, None, ("w" * 300_000,)),
+        (reply_json({"reply": "w" * (5 << 20)}), Action.DROP, Reason.BACKEND_ERROR, ()),
     ],
     ids=[
         "reply",
@@ -69,6 +72,8 @@ def webhook(url: str, timeout: float = 2, **more: str) -> str:
         "invalid-json",
         "reply-not-string",
         "not-object",
+        "300-kb",
+        "over-4-mib",
     ],
 )
 async def test_webhook_answers(

@@ -7,6 +7,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from gateway.errors import InputError
@@ -51,10 +52,11 @@ def reply(payload: Any, status: int = 200) -> web.Response:
     return web.Response(body=body, status=status, content_type="application/json")
 
 
-async def body_within(request: web.Request, limit: int) -> bytes | None:
-    """The whole body, however many reads it arrives in (one read gives only
-    what is buffered); None past `limit` bytes, as its Content-Length says or
-    as counted, never read further than that."""
+async def body_within(request: web.Request | aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """The whole body of a request (or of an answer the daemon got), however
+    many reads it arrives in (one read gives only what is buffered); None past
+    `limit` bytes, as its Content-Length says or as counted, never read
+    further than that."""
     if request.content_length is not None and request.content_length > limit:
         return None
     parts, size = [], 0

@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 
 from gateway import config
+from gateway.api.common import body_within
 from gateway.errors import BotbouncerError
 from gateway.model import Message
 from gateway.outbound import Outbound
@@ -76,9 +77,13 @@ class WebhookBackend:
             # the headers, secrets too, to wherever it points.
             async with self.outbound.session.post(self.cfg.url, json=body, headers=self.headers,
                                                   allow_redirects=False) as resp:  # fmt: skip
-                raw = await resp.read()
+                read = await body_within(resp, MAX_ANSWER)
                 status = resp.status
                 moved = resp.headers.get("Location")
+            if read is None:
+                raise self._error(f"webhook answered HTTP {status} with over {MAX_ANSWER} "
+                                  "bytes: not read")  # fmt: skip
+            raw = read
         except aiohttp.ClientError as exc:
             raise self._error(f"webhook unreachable: {type(exc).__name__}: {exc}") from None
         if status == 204:
@@ -96,6 +101,12 @@ class WebhookBackend:
             return parse_replies(json.loads(raw))
         except ValueError as exc:  # JSONDecodeError is a ValueError too
             raise self._error(f"webhook answered invalid JSON: {exc}") from None
+
+
+# The most of an answer read: the replies one message takes fit many times
+# over (max_reply_messages of a platform's largest message); a backend gone
+# wrong (a log, a file) must not be read whole into the daemon's memory.
+MAX_ANSWER = 4 * 1024 * 1024
 
 
 class WebhookError(BotbouncerError):
