@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 
@@ -15,6 +14,9 @@ from gateway.inflight import ShuttingDown
 from gateway.model import Decision, Turn
 from gateway.pipeline import Gateway
 from gateway.store import StoreError
+
+# the one cleaning of text, platforms' and backends' alike
+from gateway.wire import clean as clean
 
 log = logging.getLogger("botbouncer.adapters")
 
@@ -73,23 +75,6 @@ class typing_beside:
                 await asyncio.Event().wait()  # until cancelled: the body is done
         except Exception as exc:  # (cancelling, the body done, is no Exception)
             log.debug("typing indicator in %s failed: %s", self._where, exc)
-
-
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def clean(text: str | None) -> str:
-    """Platform text as the gateway can keep it: None is "", and a lone
-    surrogate (JSON may spell one, "\\ud800"; no store or platform can encode
-    it) becomes U+FFFD. Everything else - NULs, zero-width and right-to-left
-    characters - is the sender's business and stays as it is."""
-    if not text:
-        return ""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return _LONE_SURROGATE.sub("\ufffd", text)
-    return text
 
 
 def utf16_len(text: str) -> int:

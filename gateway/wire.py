@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +63,23 @@ def _show(value: Any) -> str:
 
 def _name(key: str) -> str:
     return key if len(key) <= 40 else key[:40] + "…"
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean(text: str | None) -> str:
+    """Text as the gateway can keep it, a platform's or a backend's: None is
+    "", and a lone surrogate (JSON may spell one, "\\ud800"; no store or
+    platform can encode it) becomes U+FFFD. Everything else - NULs, zero-width
+    and right-to-left characters - is the sender's business and stays as it is."""
+    if not text:
+        return ""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _LONE_SURROGATE.sub("\ufffd", text)
+    return text
 
 
 def _unicode(key: str, value: str) -> str:

@@ -9,7 +9,6 @@ configured backend is wrapped in `Guarded`: a timeout and a circuit breaker.
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -19,6 +18,7 @@ from gateway.errors import BotbouncerError
 from gateway.model import Message
 from gateway.outbound import Outbound
 from gateway.store import ContextEntry
+from gateway.wire import clean
 
 
 class BackendError(BotbouncerError):
@@ -78,21 +78,8 @@ class Guarded:
             self.breaker.failed()
             raise
         self.breaker.succeeded()
-        return [_sendable(r) for r in out]
-
-
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _sendable(text: str) -> str:
-    """A lone surrogate (JSON may spell one, "\\ud83d"; a Python backend may
-    return one) becomes U+FFFD: no store or platform can encode it, and the
-    reply, once sent, could not be counted."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return _LONE_SURROGATE.sub("\ufffd", text)
-    return text
+        # a lone surrogate (half an emoji) could be sent but never counted
+        return [clean(r) for r in out]
 
 
 def _breaker(cfg: BreakerConfig) -> CircuitBreaker:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -387,34 +387,26 @@ class ToolCalls:
                 changed = True
         return compact(out) if changed else None
 
-    def forget(self, scope: Scope) -> None:
+    def forget(self, scope: Scope, ids: Sequence[RequestId] | None = None) -> None:
         """The calls of a scope whose answers can no longer come (an HTTP
-        exchange that ended): no longer pending once the answers it did
-        relay are recorded (they are read after the relay, in tasks)."""
+        exchange that ended; with `ids`, only those calls): no longer pending
+        once the answers it did relay are recorded (they are read after the
+        relay, in tasks)."""
         relayed = list(self.recording)
 
         async def forget() -> None:
             await asyncio.gather(*relayed, return_exceptions=True)  # settle() says how they ended
-            for key in [k for k in self.pending if k[0] == scope]:
+            for key in [k for k in self.pending if k[0] == scope and (ids is None or k[1] in ids)]:
                 del self.pending[key]
 
         self._track(forget())
 
     def unanswered(self, raw: bytes, scope: Scope) -> None:
-        """The calls a request held whose answers cannot come (the server
-        refused the request with an HTTP error, or could not be reached): no
-        longer pending once what was relayed of the answers is recorded."""
+        """The calls of a request whose answers cannot come (the server
+        refused it with an HTTP error, or could not be reached): forgotten."""
         ids = [m.id for m in _messages(raw) if isinstance(m, mcp.JSONRPCRequest)]
-        if not any((scope, rid) in self.pending for rid in ids):
-            return
-        relayed = list(self.recording)
-
-        async def unanswered() -> None:
-            await asyncio.gather(*relayed, return_exceptions=True)  # settle() says how they ended
-            for rid in ids:
-                self.pending.pop((scope, rid), None)
-
-        self._track(unanswered())
+        if any((scope, rid) in self.pending for rid in ids):
+            self.forget(scope, ids)
 
     def _track(self, record: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(record)
