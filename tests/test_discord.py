@@ -242,43 +242,35 @@ async def test_a_long_reply_is_split_and_never_pings_everyone(
         assert await soft_of(d, GENERAL) == 2  # two messages on Discord: two bot turns
 
 
-async def test_a_reply_longer_than_the_hard_limit_stops_there(
+@pytest.mark.parametrize(
+    ("policy", "soft", "said"),
+    [
+        ({"turns": {"soft_limit": 2, "hard_limit": 3}}, 3, "stopped after 3 of its 5 messages"),
+        ({"max_reply_messages": 2}, 2, "takes 5 messages; the first 2 are sent"),
+    ],
+    ids=["hard-limit", "max-reply-messages"],
+)
+async def test_a_long_answer_stops_at_the_hard_limit_or_max_reply_messages(
     fake: FakeDiscord,
     run: Callable[..., Any],
     decisions: Decisions,
     caplog: pytest.LogCaptureFixture,
+    policy: dict[str, Any],
+    soft: int,
+    said: str,
 ) -> None:
-    # Breaks if every piece of a long reply is sent: a backend's 1 MB answer
+    # Breaks if every piece of a long answer is sent: a backend's 1 MB answer
     # went out as 500 messages, each a bot turn, far past the hard limit.
-    async with run(bot("alpha", TOKEN_A, fake, turns={"soft_limit": 2, "hard_limit": 3})) as d:
+    async with run(bot("alpha", TOKEN_A, fake, **policy)) as d:
         text = f"<@{BOT_A}> " + "x" * 9000  # five messages on Discord
         await fake.user_says(GENERAL, OWNER, text)
-        pieces = by(BOT_A, await fake.wait_for_messages(GENERAL, 4))
+        pieces = by(BOT_A, await fake.wait_for_messages(GENERAL, soft + 1))
         for p in pieces:
             await decisions.wait(p.id, BOT_A)
         await d.inflight.idle()
-        assert len(by(BOT_A, fake.messages(GENERAL))) == 3
-        assert await soft_of(d, GENERAL) == 3
-    assert "stopped after 3 of its 5 messages" in caplog.text
-
-
-async def test_an_answer_takes_at_most_max_reply_messages(
-    fake: FakeDiscord,
-    run: Callable[..., Any],
-    decisions: Decisions,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    # Breaks if every piece of an answer is sent: one runaway answer went out
-    # as up to a hundred messages (the hard limit) in a chat with a person.
-    async with run(bot("alpha", TOKEN_A, fake, max_reply_messages=2)) as d:
-        text = f"<@{BOT_A}> " + "x" * 9000  # five messages on Discord
-        await fake.user_says(GENERAL, OWNER, text)
-        pieces = by(BOT_A, await fake.wait_for_messages(GENERAL, 3))
-        for p in pieces:
-            await decisions.wait(p.id, BOT_A)
-        await d.inflight.idle()
-        assert [len(p.content) for p in by(BOT_A, fake.messages(GENERAL))] == [2000, 2000]
-    assert "takes 5 messages; the first 2 are sent" in caplog.text
+        assert [len(p.content) for p in by(BOT_A, fake.messages(GENERAL))] == [2000] * soft
+        assert await soft_of(d, GENERAL) == soft
+    assert said in caplog.text
 
 
 async def test_bouncer_commands_reset_for_admins_refuse_others_and_explain(

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import quote
 
@@ -970,6 +971,33 @@ async def startup_errors(synapse: Synapse, run: Callable[..., Any]) -> None:
         assert alice.access_token not in str(info.value)
 
 
+@asynccontextmanager
+async def down_once(
+    redis_url: str, key_prefix: str, config: dict[str, Any]
+) -> AsyncIterator[Callable[[], Awaitable[Daemon]]]:
+    """A daemon started (its sync position saved) and stopped: inside, what
+    happens while it is down, then `await again()` starts a new one on the
+    same store. Every daemon started is stopped at the end, the keys forgotten."""
+    started: list[Daemon] = []
+
+    async def again() -> Daemon:
+        d = build(redis_url, key_prefix, config)
+        await d.start()
+        started.append(d)
+        return d
+
+    try:
+        first = await again()
+        await first.inflight.idle()
+        started.remove(first)
+        await first.stop()
+        yield again
+    finally:
+        for d in started:
+            await d.stop()
+        await forget(redis_url, key_prefix)
+
+
 async def test_a_restart_after_a_busy_while_takes_every_message_of_the_gap(
     synapse: Synapse, redis_url: str, key_prefix: str, decisions: Decisions
 ) -> None:
@@ -980,19 +1008,9 @@ async def test_a_restart_after_a_busy_while_takes_every_message_of_the_gap(
     alice = await synapse.register(fresh("alice"))
     alpha = await synapse.register(fresh("alpha"), displayname="Alpha")
     dm = await joined_room(synapse, alice, alpha, is_direct=True)
-    config = bot("alpha", alpha, synapse)
-    first = build(redis_url, key_prefix, config)
-    started: list[Daemon] = []
-    try:
-        await first.start()
-        started.append(first)
-        await first.inflight.idle()
-        started.remove(first)
-        await first.stop()
+    async with down_once(redis_url, key_prefix, bot("alpha", alpha, synapse)) as again:
         away = [await synapse.send_text(alice, dm, f"while away {n}") for n in range(25)]
-        second = build(redis_url, key_prefix, config)
-        await second.start()
-        started.append(second)
+        second = await again()
         for asked in away:
             seen = await decisions.wait(asked, alpha.user_id)
             assert (seen["action"], seen["reason"]) == ("reply", None), seen
@@ -1000,10 +1018,6 @@ async def test_a_restart_after_a_busy_while_takes_every_message_of_the_gap(
         assert [d["id"] for d in decisions.seen if d["id"] in away] == away
         answers = [e for e in await synapse.messages(alice, dm, limit=100) if is_notice(e)]
         assert len(answers) == len(away)
-    finally:
-        for d in started:
-            await d.stop()
-        await forget(redis_url, key_prefix)
 
 
 async def test_a_gap_page_the_homeserver_filtered_empty_does_not_end_the_gap(
@@ -1023,27 +1037,13 @@ async def test_a_gap_page_the_homeserver_filtered_empty_does_not_end_the_gap(
         alpha,
         json={"ignored_users": {spam.user_id: {}}},
     )
-    config = bot("alpha", alpha, synapse)
-    first = build(redis_url, key_prefix, config)
-    started: list[Daemon] = []
-    try:
-        await first.start()
-        started.append(first)
-        await first.inflight.idle()
-        started.remove(first)
-        await first.stop()
+    async with down_once(redis_url, key_prefix, bot("alpha", alpha, synapse)) as again:
         asked = await synapse.send_text(alice, room, "Alpha, are you there?", mentions=[alpha])
         for n in range(260):  # past what /sync looks through (100), and pages of /messages
             await synapse.send_text(spam, room, f"buy now {n}")
-        second = build(redis_url, key_prefix, config)
-        await second.start()
-        started.append(second)
+        await again()
         seen = await decisions.wait(asked, alpha.user_id)
         assert (seen["action"], seen["reason"]) == ("reply", None), seen
-    finally:
-        for d in started:
-            await d.stop()
-        await forget(redis_url, key_prefix)
 
 
 async def test_a_reply_fallback_is_not_read_as_the_message(
