@@ -40,8 +40,11 @@ before it is forwarded, an answer after it is relayed), still without the
 guard (`parse`); `botbouncer mcp-proxy` itself (run by this file
 with `--proxy`) with every guard check answered allow for free (`noguard`),
 and with only the steps answered so, the results checked as usual
-(`results`); and a control: the direct server started a second time
-(`again`), which measures about 1.0 when the rounds are fair.
+(`results`); a relay of two threads blocking in os.read, no event loop
+(`threads`), and the proxy's own ToolCalls and guard (memory) behind it,
+checked synchronously (`threaded`, which blocks like the proxies); and a
+control: the direct server started a second time (`again`), which measures
+about 1.0 when the rounds are fair.
 
 BENCH_TOOL_MS=<ms> calls `work` instead of `echo`: the same answer after
 that many milliseconds, a tool that takes time as real ones do (the target
@@ -68,11 +71,13 @@ import gc
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -167,12 +172,74 @@ def unread(raw: bytes | str) -> Any:
     return None
 
 
+def _lines(fd: int) -> Iterator[bytes]:
+    """Whole lines from `fd`, read blocking, to its end."""
+    buffer = bytearray()
+    while chunk := os.read(fd, 1 << 16):
+        buffer += chunk
+        while cut := buffer.find(b"\n") + 1:
+            yield bytes(buffer[:cut])
+            del buffer[:cut]
+
+
+def _now(coro: Coroutine[Any, Any, Any]) -> Any:
+    """A coroutine that never waits (a check on the memory store) run to its end."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError("a check waited: the threaded floor runs on memory only")
+
+
+def threaded(command: list[str], calls: Any = None) -> int:
+    """A stdio relay of two threads blocking in os.read and writing with
+    os.write, no event loop: the client's lines to the server in one, the
+    server's to the client in the other. With `calls` (the proxy's own
+    ToolCalls, on memory) a tools/call is its step before it is forwarded and
+    its answer a result after it is relayed, checked synchronously under one
+    lock, so a step waits for the result before it, as in the proxy."""
+    from gateway.mcpproxy.calls import dump, parse
+
+    child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+    assert child.stdin is not None and child.stdout is not None
+    to_child, from_child = child.stdin.fileno(), child.stdout.fileno()
+    checks = threading.Lock()
+    if calls is not None:
+        calls._track = _now  # a result is recorded where it is read, not in a task
+
+    def client_side() -> None:
+        for line in _lines(0):
+            if calls is not None and b"tools/call" in line:
+                with checks:
+                    message = parse(line)
+                    answer = _now(calls.from_client(message)) if message is not None else None
+                if answer is not None:
+                    os.write(1, dump(answer) + b"\n")
+                    continue
+            os.write(to_child, line)
+        os.close(to_child)
+
+    threading.Thread(target=client_side, daemon=True).start()
+    for line in _lines(from_child):
+        if calls is None:
+            os.write(1, line)
+            continue
+        with checks:
+            instead = _now(calls.from_server_raw(line))
+            os.write(1, instead + b"\n" if instead is not None else line)
+    return child.wait()
+
+
 def relay_main(args: list[str]) -> int:
-    """`--relay relay|parse MARKER -- CMD...`: gateway/mcpproxy/stdio.py's relay
-    with no guard; `relay` does not even parse the lines."""
+    """`--relay relay|parse|threads MARKER -- CMD...`: gateway/mcpproxy/stdio.py's
+    relay with no guard; `relay` does not even parse the lines; `threads`
+    is `threaded` without the guard."""
     from gateway.mcpproxy import calls, stdio
 
     read = calls.parse
+    if args[0] == "threads":
+        return threaded(args[args.index("--") + 1 :])
     if args[0] == "relay":
         read = stdio.parse = unread  # type: ignore[attr-defined]  # what stdio.run reads lines with
     command = args[args.index("--") + 1 :]
@@ -180,12 +247,22 @@ def relay_main(args: list[str]) -> int:
 
 
 def proxy_main(args: list[str]) -> int:
-    """`--proxy noguard|results -- MCP-PROXY ARGS...`: `botbouncer mcp-proxy`
-    itself with some of its guard's checks answered for free (allow, no
-    work): `noguard` every step and every result, `results` every step only,
-    the results checked as usual (after the answer is relayed)."""
+    """`--proxy noguard|results|threaded -- MCP-PROXY ARGS...`: `botbouncer
+    mcp-proxy` itself with some of its guard's checks answered for free
+    (allow, no work): `noguard` every step and every result, `results` every
+    step only, the results checked as usual (after the answer is relayed);
+    or, `threaded`, every check made, its stdio relay `threaded`'s."""
     from gateway.cli import main as cli
     from gateway.guard.service import Answer, Guard
+    from gateway.mcpproxy import stdio
+
+    if args[0] == "threaded":
+
+        async def run(command: list[str], calls: Any, *_: Any) -> int:
+            return threaded(command, calls)
+
+        stdio.run = run  # type: ignore[assignment]  # what gateway/mcpproxy/main.py relays with
+        return cli(args[args.index("--") + 1 :])
 
     async def allow(self: Guard, session: str, body: Any, profile: str | None = None) -> Answer:
         return Answer(session, "allow", "ok", "Go ahead.", {})
@@ -325,8 +402,8 @@ def proxied(name: str, config: Path, checkout: Path = ROOT) -> Contestant:
 
 
 def floor(mode: str, config: Path | None = None) -> Contestant:
-    """A floor this file runs: `relay` or `parse` (relay_main), or with the
-    proxy's `config`, `noguard` or `results` (proxy_main)."""
+    """A floor this file runs: `relay`, `parse` or `threads` (relay_main), or
+    with the proxy's `config`, `noguard`, `results` or `threaded` (proxy_main)."""
     marker = f"bench-mcp-{mode}-{uuid.uuid4().hex[:12]}"
     if config is None:
         args = [__file__, "--relay", mode, marker, "--", *SERVER]
@@ -462,7 +539,7 @@ async def measure() -> str:
     contestants = [Contestant("direct", direct)]
     try:
         if FLOORS:
-            contestants += [floor("relay"), floor("parse")]
+            contestants += [floor("relay"), floor("parse"), floor("threads")]
             # The same server once more, its command line told apart by an
             # argument it takes anyway: what the benchmark's own placement of
             # a contestant costs (about 1.0 when the rounds are fair).
@@ -471,7 +548,7 @@ async def measure() -> str:
         config = workdir / "memory.yml"
         config.write_text("store: {url: 'memory://'}\n" + PROFILE, encoding="utf-8")
         if FLOORS:
-            contestants += [floor("noguard", config), floor("results", config)]
+            contestants += [floor(m, config) for m in ("noguard", "results", "threaded")]
         if "memory" in STORES:
             contestants.append(proxied("memory", config))
         if BASELINE is not None:
