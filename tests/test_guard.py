@@ -410,6 +410,48 @@ async def test_polling_a_job_until_it_finishes_trips_nothing(guard: Guard) -> No
     assert seen(out) == [ALLOW] * 42
 
 
+async def test_parallel_calls_of_one_tool_each_get_the_result_that_names_them(
+    guard: Guard,
+) -> None:
+    # Breaks if a result goes to the newest call of its tool still without
+    # one, whatever arguments it names: two jobs polled side by side (A
+    # queued, the same answer every time; B progressing), steps first and
+    # their answers as they come, had A's answer taken for B's and B's
+    # dropped, so the guard saw A B A B with unchanged results and blocked
+    # a legitimate wait (tool_cycle).
+    out = []
+    for turn in range(1, 7):
+        for job in "AB":
+            out.append(await guard.step("s", {"tool": "job_status", "args": {"job": job}}))
+        for job in "AB":
+            said = {"job": job, "progress": 0 if job == "A" else 7 * turn}
+            out.append(await guard.result("s", {"tool": "job_status", "output": said,
+                                                "args": {"job": job}}))  # fmt: skip
+    # (A step made while the call before it awaits its answer is compared
+    # with no result for it: a period of two is warned, never blocked.)
+    assert "block" not in {a.decision for a in out}, seen(out)
+    state = await guard.state("s")
+    assert state is not None
+    results = [c["result"] for c in state["recent_calls"]]
+    assert None not in results
+    assert len(set(results[0::2])) == 1  # job A: the same answer every time
+    assert len(set(results[1::2])) == 6  # job B: a new one every time
+    # Without arguments a result still goes to the newest call of its tool
+    # without one, and a second result for a call already answered to none.
+    await guard.step("t", {"tool": "job_status", "args": {"job": "A"}})
+    await guard.step("t", {"tool": "job_status", "args": {"job": "B"}})
+    await guard.result("t", {"tool": "job_status", "output": "first"})
+    await guard.result("t", {"tool": "job_status", "output": "second"})
+    state = await guard.state("t")
+    assert state is not None
+    first, second = (c["result"] for c in state["recent_calls"])
+    assert first is None and second is not None
+    # Arguments no call of the tool was made with name no call.
+    await guard.result("t", {"tool": "job_status", "output": "x", "args": {"job": "C"}})
+    state = await guard.state("t")
+    assert state is not None and state["recent_calls"][0]["result"] is None
+
+
 async def test_a_research_agent_calling_twenty_distinct_tools_trips_nothing(guard: Guard) -> None:
     out = []
     for i, word in enumerate(WORDS[:20]):

@@ -203,6 +203,31 @@ async def test_the_async_decorator_and_calls(async_url: str) -> None:
         assert (await unreachable.step("x")).reachable is False
 
 
+async def test_calls_of_one_tool_run_side_by_side_are_each_answered_as_their_own(
+    async_url: str,
+) -> None:
+    # Breaks if the decorator reports a result without the call's arguments:
+    # two jobs polled with asyncio.gather (A queued, the same answer every
+    # time; B progressing, and slower), A's answer was taken for the other
+    # call and the wait blocked as a tool_cycle at the third turn.
+    async with AsyncGuardClient(async_url, session="gather-1") as guard:
+        progress = iter(range(7, 100, 7))
+
+        @guard.tool()
+        async def job_status(job: str) -> dict[str, Any]:
+            if job == "A":
+                return {"job": "A", "progress": 0}
+            await asyncio.sleep(0.03)  # B answers after A
+            return {"job": "B", "progress": next(progress)}
+
+        for _ in range(6):
+            await asyncio.gather(job_status("A"), job_status("B"))  # raises when blocked
+        state = await guard.state()
+    assert state is not None and state["steps"] == 12
+    results = {c["result"] for c in state["recent_calls"]}
+    assert None not in results and len(results) == 7  # A's one answer and B's six
+
+
 def test_the_client_file_alone_runs_on_a_bare_python(threaded_url: str, tmp_path: Path) -> None:
     """gateway/guard/client.py copied alone next to an agent, run by a Python
     with no site packages at all (-S -E -s: no aiohttp, no botbouncer): the sync

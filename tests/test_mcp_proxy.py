@@ -442,6 +442,37 @@ async def test_an_answer_no_warning_waits_for_is_relayed_before_it_is_read() -> 
         await store.close()
 
 
+async def test_calls_of_one_tool_answered_out_of_turn_each_get_their_own_result() -> None:
+    # Breaks if a result is recorded without the arguments of the call it
+    # answers: two jobs polled side by side by one client (A queued, the same
+    # answer every time; B progressing), both calls forwarded before either
+    # is answered, had A's answer taken for B's call and B's dropped, and the
+    # wait blocked as a tool_cycle at the third turn.
+    store = open_store("memory://")
+    guard = Guard(GuardConfig(), engine_for(store))
+    calls = ToolCalls(guard, "jobs", "default")
+    try:
+        for turn in range(1, 7):
+            ids = {"A": 2 * turn, "B": 2 * turn + 1}
+            for job, rid in ids.items():
+                line = {"jsonrpc": "2.0", "id": rid, "method": "tools/call",
+                        "params": {"name": "job_status", "arguments": {"job": job}}}  # fmt: skip
+                request = parse(json.dumps(line).encode())
+                assert request is not None
+                blocked = await calls.from_client(request)  # None: forwarded
+                assert blocked is None, f"turn {turn}, job {job}: {blocked}"
+            for job, rid in ids.items():  # (a tool_cycle warning may ride on them)
+                await calls.from_server_raw(answer_line(rid, f"{job}: {7 * turn * (job == 'B')}%"))
+        await calls.settle()
+        state = await guard.state("jobs")
+    finally:
+        await store.close()
+    results = [c["result"] for c in state["recent_calls"]]
+    assert None not in results
+    assert len(set(results[0::2])) == 1  # job A: the same answer every time
+    assert len(set(results[1::2])) == 6  # job B: a new one every time
+
+
 async def test_profile_from_config_sets_the_limits_exemptions_and_polls(tmp_path: Path) -> None:
     # Breaks if --profile or the -c file's guard profiles are not what the
     # proxy's guard runs: with the default profile the tight run would get 3

@@ -103,6 +103,13 @@ def _step(tool: str, args: Any, input_tokens: int | None) -> dict[str, Any]:
     return body
 
 
+def _result(tool: str, ok: bool, output: Any, args: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"tool": tool, "ok": ok, "output": _jsonable(output)}
+    if args is not None:  # which call it answers, when calls of one tool overlap
+        body["args"] = _jsonable(args)
+    return body
+
+
 def _kb(question: str, confidence: float | None) -> dict[str, Any]:
     body: dict[str, Any] = {"question": question}
     if confidence is not None:
@@ -204,8 +211,10 @@ class AsyncGuardClient(_Base):
     ) -> GuardAnswer:
         return await self._check("step", _step(tool, args, input_tokens))
 
-    async def result(self, tool: str, ok: bool = True, output: Any = None) -> GuardAnswer:
-        return await self._check("result", {"tool": tool, "ok": ok, "output": _jsonable(output)})
+    async def result(
+        self, tool: str, ok: bool = True, output: Any = None, args: Any = None
+    ) -> GuardAnswer:
+        return await self._check("result", _result(tool, ok, output, args))
 
     async def retry(self, task: str, input: str = "", error: Any = None) -> GuardAnswer:
         return await self._check("retry", {"task": task, "input": input, "error": _jsonable(error)})
@@ -252,15 +261,17 @@ class AsyncGuardClient(_Base):
 
             @functools.wraps(fn)
             async def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
-                answer = await self.step(tool, _call_args(fn, args, kwargs))
+                called = _call_args(fn, args, kwargs)
+                answer = await self.step(tool, called)
                 if answer.blocked:
                     raise GuardBlocked(answer)
                 try:
                     out = await fn(*args, **kwargs)
                 except Exception as exc:
-                    await self.result(tool, ok=False, output=f"{type(exc).__name__}: {exc}")
+                    failed = f"{type(exc).__name__}: {exc}"
+                    await self.result(tool, ok=False, output=failed, args=called)
                     raise
-                await self.result(tool, ok=True, output=out)
+                await self.result(tool, ok=True, output=out, args=called)
                 return out
 
             return guarded
@@ -305,8 +316,10 @@ class GuardClient(_Base):
     def step(self, tool: str, args: Any = None, input_tokens: int | None = None) -> GuardAnswer:
         return self._check("step", _step(tool, args, input_tokens))
 
-    def result(self, tool: str, ok: bool = True, output: Any = None) -> GuardAnswer:
-        return self._check("result", {"tool": tool, "ok": ok, "output": _jsonable(output)})
+    def result(
+        self, tool: str, ok: bool = True, output: Any = None, args: Any = None
+    ) -> GuardAnswer:
+        return self._check("result", _result(tool, ok, output, args))
 
     def retry(self, task: str, input: str = "", error: Any = None) -> GuardAnswer:
         return self._check("retry", {"task": task, "input": input, "error": _jsonable(error)})
@@ -351,15 +364,17 @@ class GuardClient(_Base):
 
             @functools.wraps(fn)
             def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
-                answer = self.step(tool, _call_args(fn, args, kwargs))
+                called = _call_args(fn, args, kwargs)
+                answer = self.step(tool, called)
                 if answer.blocked:
                     raise GuardBlocked(answer)
                 try:
                     out = fn(*args, **kwargs)
                 except Exception as exc:
-                    self.result(tool, ok=False, output=f"{type(exc).__name__}: {exc}")
+                    failed = f"{type(exc).__name__}: {exc}"
+                    self.result(tool, ok=False, output=failed, args=called)
                     raise
-                self.result(tool, ok=True, output=out)
+                self.result(tool, ok=True, output=out, args=called)
                 return out
 
             return guarded

@@ -47,6 +47,9 @@ class ResultBody(_Body):
     tool: Name
     ok: StrictBool = True
     output: Any = None
+    # The call's arguments, as its step gave them: which call this answers
+    # when calls of one tool overlap (else the newest one without a result).
+    args: Any = None
 
 
 class RetryBody(_Body):

@@ -406,7 +406,7 @@ class Guard:
         sub = req.tool in p.subagents.tools
         # compared without what changes on every run (timings, pids, ...)
         rh, rsh = normalize.value_hashes(normalize.steady(req.output, p.results.volatile_keys))
-        return {
+        payload: dict[str, Any] = {
             "tool": req.tool,
             "ok": req.ok,
             "rh": rh,
@@ -416,6 +416,9 @@ class Guard:
             "sub": sub,
             "rtoks": normalize.tokens(req.output, p.session.max_tokens) if sub else "",
         }
+        if req.args is not None:  # the call it answers, by the step's own signature
+            payload["sig"] = normalize.signature(req.tool, req.args)
+        return payload
 
     async def retry(self, session: str, body: Any, profile: str | None = None) -> Answer:
         req = parse_body(RetryBody, body)

@@ -331,8 +331,12 @@ class ToolCalls:
         call = self.pending.pop((scope, message.id), None)
         if call is None:
             return None
+        # The call's arguments name which call it answers: calls of one tool
+        # may run side by side, their answers in any order.
+        args = {} if call.args is None else call.args
         if isinstance(message, mcp.JSONRPCError):
-            return call, {"tool": call.tool, "ok": False, "output": message.error.message}
+            return call, {"tool": call.tool, "ok": False, "output": message.error.message,
+                          "args": args}  # fmt: skip
         result = message.result
         if not isinstance(result, dict):
             return None
@@ -346,7 +350,7 @@ class ToolCalls:
         # Read as clients read it: a result the SDK's types refuse (no
         # `content`, as the TypeScript client allows) is still one.
         return call, {"tool": call.tool, "ok": result.get("isError") is not True,
-                      "output": result_text(result)}  # fmt: skip
+                      "output": result_text(result), "args": args}  # fmt: skip
 
     async def from_client_batch(self, raw: bytes, scope: Scope = None) -> ClientBatch:
         """A JSON-RPC batch from the client (the protocol's 2025-03-26

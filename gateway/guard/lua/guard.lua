@@ -423,12 +423,18 @@ local function check(OP, P)
       return answer(nil)
     end
     local t = tool_state(name)
-    -- the result belongs to the newest call of this tool still without one
+    -- the result belongs to the newest call of this tool still without one;
+    -- named by its arguments (P.sig), to the newest such call made with them,
+    -- so calls of one tool running side by side each get their own
     local call
     for i = #S.hist, 1, -1 do
       local e = S.hist[i]
-      if e.t == name and not e.r then call = e break end
-      if e.t == name then break end
+      if P.sig then
+        if e.t == name and e.s == P.sig and not e.r then call = e break end
+      else
+        if e.t == name and not e.r then call = e break end
+        if e.t == name then break end
+      end
     end
     if call then
       call.r = P.rh
