@@ -200,8 +200,14 @@ def to_message(update: Update, me: User) -> Message:
                 mentions.add(str(user_id))
         elif entity.type == MessageEntity.MENTION and said[1:].lower() == own:
             mentions.add(str(me.id))
-        elif entity.type == MessageEntity.BOT_COMMAND and said.partition("@")[2].lower() == own:
-            mentions.add(str(me.id))  # /help@thisbot
+        elif entity.type == MessageEntity.BOT_COMMAND:
+            target = said.partition("@")[2].lower()
+            # /help@thisbot anywhere; a bare /help that opens the message, as
+            # PTB's CommandHandler and aiogram's Command filter take it:
+            # Telegram shows a bot with privacy mode on only the bare commands
+            # meant for it, and one without sees what its own handlers answer.
+            if target == own or (not target and _int(entity.offset) == 0):
+                mentions.add(str(me.id))
     reply_to = None
     replied = m.reply_to_message
     # In a forum topic, a message that replies to nothing carries the topic's

@@ -24,6 +24,7 @@ from telegram import InputMediaPhoto, Update
 from telegram.ext import (
     Application,
     ApplicationBuilder,
+    CommandHandler,
     ContextTypes,
     MessageHandler,
     TypeHandler,
@@ -463,6 +464,32 @@ async def test_a_bots_own_group_minus_1_handler_does_not_shadow_the_guard(
             [reply] = await fake.wait_sent(1)
             assert reply.reply_to == first["message_id"]
             assert len(checked) == 1  # the first: the second never got past the guard
+
+
+async def test_a_bare_command_reaches_the_bots_command_handler(
+    fake: FakeTelegram, decisions: Decisions
+) -> None:
+    # Breaks if a bare `/help` in a group is `not_addressed`: the guard kept
+    # it from the bot's CommandHandler, which answers it without the guard,
+    # so a guarded bot never answered the commands its users typed.
+    helped: list[str] = []
+
+    async def help_command(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        assert update.message is not None and update.message.text is not None
+        helped.append(update.message.text)
+
+    policy = {"respond_to": "mentions"}
+    async with Bouncer(config("ann", **policy), platform="telegram") as bouncer:
+        app = bot_with(fake, TOKEN_ANN, bouncer, CommandHandler("help", help_command))
+        async with polling(app):
+            said = await fake.user_says(GROUP, ALICE, "/help")
+            seen = await decisions.wait(said["message_id"], ANN)
+            assert seen["action"] == "reply", seen
+            other = await fake.user_says(GROUP, ALICE, "/help@ben_bot")
+            seen = await decisions.wait(other["message_id"], ANN)
+            assert (seen["action"], seen["reason"]) == ("drop", "not_addressed")
+            await fake.wait_until(lambda: helped, what="the help command handled")
+    assert helped == ["/help"]
 
 
 # -- what passes through ------------------------------------------------------------------

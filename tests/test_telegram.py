@@ -121,6 +121,26 @@ async def test_an_addressed_message_is_answered_and_counted_when_sent(
         assert len(fake.sent) == 3
 
 
+async def test_a_bare_command_that_opens_a_message_addresses_the_bot(
+    fake: FakeTelegram, run: Callable[..., Any], decisions: Decisions
+) -> None:
+    # Breaks if a person's bare `/help` in a group is taken as addressed to
+    # nobody: the bot never answered the command its users typed, which the
+    # quickstart bots' CommandHandler answers. With privacy mode on (the
+    # default) Telegram shows the bot only the bare commands meant for it.
+    async with run(bot("alpha", TOKEN_A, fake)):
+        await fake.user_says(GROUP, ALICE, "/help me please")
+        [reply] = await fake.wait_sent(1, chat_id=GROUP)
+        assert (reply.bot_user_id, reply.text) == (BOT_A, "/help me please")
+        # another bot's command, and a command inside the text, are not for it
+        fake.bot(BOT_A).privacy = False  # sees them all
+        for text in ("/help@beta_bot", "type /help for help"):
+            quiet = await fake.user_says(GROUP, ALICE, text)
+            seen = await decisions.wait(quiet["message_id"], BOT_A)
+            assert (seen["action"], seen["reason"]) == ("drop", "not_addressed"), text
+        assert len(fake.sent) == 1
+
+
 async def test_typing_shows_while_the_backend_works(
     fake: FakeTelegram, run: Callable[..., Any]
 ) -> None:
