@@ -96,6 +96,7 @@ class _Setup:
     classifier: Classifier | None
     trusted: frozenset[str]
     known_bots: frozenset[str]  # authors treated as bots whatever the platform says
+    known_people: frozenset[str]  # and as people
     context: int  # recent messages the classifier and the backend look at
     limits: dict[ChatKind, Limits]
     hold_ms: int  # how long an answer being written holds its turn
@@ -121,6 +122,7 @@ def _setup(bot: BotConfig, backend: Backend | None, classifier: Classifier | Non
         classifier=classifier,
         trusted=frozenset(bot.trusted_bots),
         known_bots=frozenset(bot.known_bots),
+        known_people=frozenset(bot.known_people),
         context=context_for(bot),
         limits={kind: limits_for(bot, kind) for kind in ChatKind},
         hold_ms=round(seconds * 1000),
@@ -222,6 +224,8 @@ class Gateway:
             return self._own(msg, mine, started)
         if s.known_bots and not msg.author.is_bot and msg.author.id in s.known_bots:
             msg = replace(msg, author=replace(msg.author, is_bot=True))
+        elif s.known_people and msg.author.is_bot and msg.author.id in s.known_people:
+            msg = replace(msg, author=replace(msg.author, is_bot=False))
         count = count_kind(msg, self.bot_id)
         local = local_reason(
             msg,

@@ -156,6 +156,25 @@ async def test_another_bots_message_is_counted_and_ignored_when_bot_messages_is_
         assert by(BOT_A, fake.messages(GENERAL)) == []
 
 
+async def test_a_bridge_posting_through_a_webhook_is_a_person_when_listed(
+    fake: FakeDiscord, run: Callable[..., Any], decisions: Decisions
+) -> None:
+    # Breaks if a webhook listed in known_people stays a bot: Discord marks
+    # every webhook post `bot`, so the people a bridge or PluralKit posts for
+    # were never answered (bot_messages is off by default) and never reset
+    # the count between two bots.
+    bridge, other = 4_040_001, 4_040_002
+    async with run(bot("alpha", TOKEN_A, fake, known_people=[str(bridge)])) as d:
+        said = await fake.webhook_says(GENERAL, bridge, "Ann [matrix]", f"<@{BOT_A}> hi", by=ALICE)
+        replies = by(BOT_A, await fake.wait_for_messages(GENERAL, 2))
+        assert [r.content for r in replies] == [f"<@{BOT_A}> hi"]
+        assert (await decisions.wait(said["id"], BOT_A))["action"] == "reply"
+        assert await soft_of(d, GENERAL) == 1  # the reply; Ann's message reset the count
+        again = await fake.webhook_says(GENERAL, other, "hooked", f"<@{BOT_A}> hi", by=ALICE)
+        seen = await decisions.wait(again["id"], BOT_A)
+        assert (seen["action"], seen["reason"]) == ("drop", "bot_ignored")  # not listed: a bot
+
+
 async def test_a_pin_does_not_reset_and_a_thread_is_its_own_chat(
     fake: FakeDiscord, run: Callable[..., Any], decisions: Decisions
 ) -> None:

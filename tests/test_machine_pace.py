@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import random
+from dataclasses import replace
+
+import pytest
 
 from gateway.backends import EchoBackend
+from gateway.config import ConfigError
 from gateway.model import Action, Author, ChatKind, ChatRef, Message, Reason
 from gateway.pipeline import Gateway
 from gateway.store import Store
@@ -145,6 +149,40 @@ async def test_known_bots_are_bots_whatever_the_platform_says(store: Store) -> N
     got = await converse(answered, clock, dm, "autobot", [0.1] * 30)
     # a bot now: the turn limit (soft 20) stops the loop, as for any bot
     assert got[20][1] is not None and got[20][0] is not Action.REPLY
+
+
+async def test_known_people_are_people_whatever_the_platform_says(store: Store) -> None:
+    # Breaks if a bridge's or PluralKit's webhook posts (bots to Discord)
+    # stay bot turns when listed in known_people: with bot_messages off by
+    # default the people they carry were never answered, and their messages
+    # never reset the count.
+    clock = Clock()
+    gw = Gateway(bot_config(known_people="[bridge]"), store, EchoBackend(), clock=clock)
+    bridged = replace(person("bridge", "hi", "p1", GROUP), author=Author("bridge", "Ann", True))
+    d = await gw.handle(bridged)
+    assert (d.action, d.reason) == (Action.REPLY, None)
+    d = await gw.handle(replace(bridged, id="p2"))  # a person: resets the count
+    assert d.turn == "reset"
+    unlisted = replace(bridged, id="p3", author=Author("other-hook", "Bo", True))
+    assert (await gw.handle(unlisted)).reason == Reason.BOT_IGNORED
+    # a listed "person" that is a bot answering at once is still stopped
+    # by the machine-pace backstop, as any unflagged auto-responder is
+    dm = ChatRef(platform="http", id="dm-bridge", kind=ChatKind.DM)
+    got = []
+    for i in range(DEFAULT_EXCHANGES + 2):
+        said = Message(id=f"b{i}", chat=dm, author=Author("bridge", "Ann", True), text=f"{i}")
+        d = await gw.handle(said)
+        got.append(d.reason)
+        clock.now += 0.5
+        if d.action is Action.REPLY:
+            await gw.sent(d, f"r{i}", d.replies[0])
+        clock.now += 0.1
+    assert got[-1] == Reason.MACHINE_PACE and got[0] is None
+
+
+def test_an_author_is_a_known_bot_or_a_known_person_not_both() -> None:
+    with pytest.raises(ConfigError, match="known_people: 'x' is in known_bots too"):
+        bot_config(known_bots="[x, y]", known_people="[x]")
 
 
 async def pace_entries(store: Store, chat: ChatRef) -> int:

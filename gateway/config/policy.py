@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypeAlias
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from gateway import defaults
 from gateway.fields import (
@@ -119,6 +119,9 @@ class Policy(Model):
     trusted_bots: Ids = ()
     # ids treated as bots on every platform, whatever the platform says
     known_bots: Ids = ()
+    # ids treated as people, whatever the platform says: a bridge or a proxy
+    # (PluralKit) posting people's messages through a webhook or a bot account
+    known_people: Ids = ()
     machine_pace: MachinePacePolicy = MachinePacePolicy()
     respond_to: Literal["mentions", "all"] = "mentions"
     rate_cap: RateCapPolicy = RateCapPolicy()
@@ -140,6 +143,15 @@ class Policy(Model):
                 'boolean: write all or mentions, or quote the value: "all")'
             )
         return value
+
+    @model_validator(mode="after")
+    def _bots_or_people(self) -> Policy:
+        both = sorted(set(self.known_bots) & set(self.known_people))
+        if both:
+            raise ValueError(
+                f"known_people: {both[0]!r} is in known_bots too; an author is one or the other"
+            )
+        return self
 
 
 POLICY_KEYS = frozenset(Policy.model_fields)

@@ -72,6 +72,31 @@ class FakeDiscord(Interactions):
         await self._store_and_fanout(rec)
         return rec.payload
 
+    async def webhook_says(
+        self, channel_id: int, webhook_id: int, name: str, content: str, *, by: int
+    ) -> Json:
+        """A message posted through a channel webhook (a bridge, PluralKit), as
+        Discord sends it: the author is the webhook (its id, the name the post
+        gave, `bot: true`, no member), with `webhook_id` and, for a webhook an
+        application made, `application_id`. `by`: the user whose pings it may
+        make (the webhook's owner). Returns the MESSAGE_CREATE payload."""
+        rec = new_message(
+            self,
+            channel_id=channel_id,
+            author_id=by,
+            content=content,
+            message_type=MessageType.DEFAULT,
+            via="webhook_says",
+        )
+        rec.payload.pop("member", None)
+        rec.payload["author"] = {"id": str(webhook_id), "username": name, "avatar": None,
+                                 "discriminator": "0000", "bot": True}  # fmt: skip
+        rec.payload["webhook_id"] = str(webhook_id)
+        rec.payload["application_id"] = str(by)
+        rec.author_id = webhook_id
+        await self._store_and_fanout(rec)
+        return rec.payload
+
     def message_payload(self, channel_id: int, author_id: int, content: str) -> Json:
         """A MESSAGE_CREATE payload as `user_says` would build it (fresh id, pings
         resolved), neither recorded nor dispatched: a starting point for

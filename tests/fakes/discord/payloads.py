@@ -214,7 +214,7 @@ class RecordedMessage:
     content: str
     type: int
     payload: Json  # the MESSAGE_CREATE data as dispatched (before per-bot intent filtering)
-    via: str  # "user_says" | "rest" | "interaction" | "raw" (message_payload)
+    via: str  # "user_says" | "webhook_says" | "rest" | "interaction" | "raw" (message_payload)
     message_reference: Json | None = None  # exactly as sent
     pinged_everyone: bool = False
     pinged_roles: list[int] = field(default_factory=list)
@@ -256,6 +256,7 @@ def resolve_mentions(
     if (
         replied is not None
         and ping_replied
+        and replied.author_id in world.users  # a webhook's post pings nobody
         and replied.author_id not in users
         and replied.author_id != author_id
     ):
