@@ -148,13 +148,18 @@ async def responses_agent(
     turns: int = 40,
     chained: bool = False,
     conversation: str | None = None,
+    background: bool = False,
+    fetch_streamed: bool = False,
 ) -> tuple[str, int]:
     """The tool loop of OpenAI's function-calling guide on the Responses API:
     the input list grows by each response's output items and a
     `function_call_output` per call, until the model answers. `chained`: as
     the guide's other way, each request continues the last response on the
     server (`previous_response_id`) and carries only the new outputs; with
-    `conversation`, each adds its new items to that server-side conversation."""
+    `conversation`, each adds its new items to that server-side conversation.
+    `background`: each response made in the background and fetched until it
+    is done (`responses.retrieve`), as the background-mode guide shows; with
+    `fetch_streamed`, by resuming its stream instead."""
     items: list[Any] = [{"role": "user", "content": question}]
     ran = 0
     previous: dict[str, Any] = {"conversation": conversation} if conversation else {}
@@ -169,6 +174,17 @@ async def responses_agent(
                 if event.type == "response.completed":
                     response = event.response
             assert response is not None, "the stream ended without response.completed"
+        elif background:
+            response = await client.responses.create(
+                model="gpt-test", input=items, tools=[WEATHER_TOOL_RESPONSES], background=True,
+                **previous,
+            )  # fmt: skip
+            if fetch_streamed:
+                async for event in await client.responses.retrieve(response.id, stream=True):
+                    if event.type == "response.completed":
+                        response = event.response
+            while response.status in ("queued", "in_progress"):
+                response = await client.responses.retrieve(response.id)
         else:
             response = await client.responses.create(
                 model="gpt-test", input=items, tools=[WEATHER_TOOL_RESPONSES], **previous

@@ -125,6 +125,48 @@ async def test_responses_chained_on_the_server_are_one_session_and_stop(
     assert session == {None}
 
 
+@pytest.mark.parametrize(
+    ("header", "streamed"), [(True, False), (False, False), (True, True)],
+    ids=["header", "fingerprint", "streamed"],
+)  # fmt: skip
+async def test_background_responses_are_fed_and_counted_once_when_fetched(
+    redis_url: str, key_prefix: str, header: bool, streamed: bool
+) -> None:
+    # Breaks if a response made in the background (answered queued, no
+    # output, no usage; fetched finished with GET /v1/responses/<id>) is
+    # relayed unread: its usage never reached the budget and its calls never
+    # reached the requests that continue it, so a looping agent in background
+    # mode was never stopped; or if a finished response fetched twice counts
+    # twice.
+    async with FakeLLM() as llm:
+        llm.default = repeat_tool_call("get_weather", {"city": "Brest"}, otherwise="Grey, 11 C.")
+        llm.background_polls = 0 if streamed else 1  # in progress at a first fetch
+        budget = {"tokens": 1_000_000}
+        async with proxy_daemon(llm, redis_url, key_prefix, budget=budget) as (d, url):
+            headers = {"X-Botbouncer-Session": f"bg-{key_prefix}"} if header else {}
+            client = openai_client(f"{url}/llm/openai/v1", default_headers=headers)
+            answer, ran = await responses_agent(
+                client, "Weather in Brest?", chained=True, background=True, fetch_streamed=streamed
+            )
+            first = next(iter(llm.background))
+            again = await client.responses.retrieve(first)  # a third fetch
+            async for event in await client.responses.retrieve(first, stream=True):  # a fourth
+                assert event.type == "response.completed"
+            assert d.llm_proxy is not None
+            chained = await d.llm_proxy.chains.recall("response:" + first)
+            assert chained is not None
+            session = chained[0]
+            state = await d.guard.state(session)
+    assert (answer, ran) == ("Grey, 11 C.", 4)  # the loop stopped as in the foreground
+    assert again.status == "completed"
+    assert llm.calls_to("responses")[-1].tool_choice == "none"
+    assert state is not None
+    written = sum(r["usage"]["input_tokens"] + r["usage"]["output_tokens"]
+                  for r in llm.background.values())  # fmt: skip
+    assert state["spent"]["tokens"] == written, state["spent"]
+    assert len(llm.background) == 5
+
+
 async def test_warn_note_off_forwards_warned_requests_untouched(
     redis_url: str, key_prefix: str
 ) -> None:

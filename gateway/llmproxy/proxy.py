@@ -60,6 +60,7 @@ from gateway.llmproxy.wire import (
     ToolEvent,
     Usage,
     WholeTap,
+    digest,
     in_call_order,
 )
 from gateway.metrics import Metrics
@@ -121,6 +122,15 @@ def _tails(raw_path: str, prefix: str) -> tuple[str, str] | None:
     return decoded, "/" + "/".join(kept)
 
 
+_FETCH = re.compile(r"/v1/responses/([^/]+)")
+
+
+def _fetched(method: str, tail: str) -> str | None:
+    """The id of a Responses answer fetched by `GET /v1/responses/<id>`."""
+    found = _FETCH.fullmatch(tail) if method == "GET" else None
+    return found.group(1) if found is not None else None
+
+
 def _request_digest(raw: bytes) -> str:
     return hashlib.sha256(raw).hexdigest()[:32]
 
@@ -149,6 +159,7 @@ class LlmProxy:
         self.seen = sessions.Seen(store)
         self.order = Turns()
         self.chains = sessions.Chains(store)
+        self.background = sessions.Background(store)
         self.metrics = metrics
         self.paths = {name: api.path for name, api in config.apis()}  # fixed until restart
         self._client: aiohttp.ClientSession | None = None
@@ -222,6 +233,9 @@ class LlmProxy:
                 body = None  # the upstream says what is wrong with it
         if not isinstance(body, dict):
             self._count(name, "passthrough")
+            fetched = _fetched(request.method, tail) if name == "openai" else None
+            if fetched is not None:
+                return await self._fetch(request, api, wire, raw, fetched)
             return await self._forward(request, api, dialect, wire, raw)
         return await self._model_call(request, api, dialect, wire, raw, body)
 
@@ -312,7 +326,15 @@ class LlmProxy:
                     session = sessions.fingerprint(dialect, body, credential, tap.anchor)
                 await self._account(session, dialect, body, tap.usage)
                 if tap.continuable is not None and session is not None:
-                    await self._remember(session, dialect, body, *tap.continuable)
+                    keys = dialect.continued_as(body, tap.continuable[0])
+                    await self._remember(session, keys, *tap.continuable)
+                if body.get("background") is True and tap.continuable and not tap.usage.seen:
+                    answer_id = tap.continuable[0]
+                    opening = dialect.opening(body) if session is None else None
+                    chains = dialect.continued_as(body, answer_id)
+                    pending = sessions.Pending(session, dialect.model(body),
+                                               digest(credential), opening, chains)  # fmt: skip
+                    await self._pending(answer_id, pending)
             return done
         finally:
             if verdict.saving is not None:
@@ -410,15 +432,62 @@ class LlmProxy:
             return None
 
     async def _remember(
-        self, session: str, dialect: Dialect, body: Json, answer_id: str, calls: list[list[str]]
+        self, session: str, keys: list[str], answer_id: str, calls: list[list[str]]
     ) -> None:
-        """An answer the upstream keeps, for the requests that continue it."""
+        """An answer the upstream keeps, for the requests that continue it
+        (under `keys`: Dialect.continued_as)."""
         try:
-            for key in dialect.continued_as(body, answer_id):
+            for key in keys:
                 await self.chains.remember(key, session, calls)
         except StoreError as exc:
             log.warning("llm proxy: answer %.60r of session %s not kept for the requests "
                         "that continue it (%s)", answer_id, session, exc)  # fmt: skip
+
+    async def _pending(self, response_id: str, pending: sessions.Pending) -> None:
+        """A response made in the background, kept until it is fetched finished."""
+        try:
+            await self.background.mark(response_id, pending)
+        except StoreError as exc:
+            log.warning("llm proxy: background response %.60r not kept (%s): its usage will "
+                        "not be counted", response_id, exc)  # fmt: skip
+
+    async def _fetch(
+        self, request: web.Request, api: ApiConfig, tail: str, raw: bytes, response_id: str
+    ) -> web.StreamResponse:
+        """`GET /v1/responses/<id>`, relayed. When it is a background response
+        of ours fetched finished, its usage goes to its session's budget and
+        its tool calls to the requests that continue it, once (Background)."""
+        dialect = Responses()
+        try:
+            pending = await self.background.pending(response_id)
+        except StoreError as exc:
+            log.warning("llm proxy: whether %.60r is a background response could not be read "
+                        "(%s): its usage is not counted", response_id, exc)  # fmt: skip
+            pending = None
+        if pending is None:
+            return await self._forward(request, api, dialect, tail, raw)
+        streams = request.query.get("stream") == "true"
+        tap = dialect.stream_tap({}) if streams else WholeTap(dialect)
+        done = await self._forward(request, api, dialect, tail, raw, tap)
+        if not 200 <= done.status < 300 or not tap.usage.seen:
+            return done  # not finished yet: a later fetch counts it
+        session = pending.session or sessions.fingerprint_of(
+            dialect.name, pending.key, pending.opening, tap.anchor
+        )
+        if session is None:
+            return done  # no tool calls, no header: a budget of no session (_account)
+        ttl_ms = self.guard.config.session_ttl_seconds * 1000
+        try:
+            first = await self.background.take(response_id, ttl_ms)
+        except StoreError as exc:
+            log.warning("llm proxy: background response %.60r not counted (%s)", response_id,
+                        exc)  # fmt: skip
+            return done
+        if first:
+            await self._account(session, dialect, {"model": pending.model}, tap.usage)
+            if tap.continuable is not None:
+                await self._remember(session, pending.chains, *tap.continuable)
+        return done
 
     def _usage(self, cost_usd: float, tokens: int) -> dict[str, Any]:
         body: dict[str, Any] = {"cost_usd": cost_usd, "tokens": tokens}

@@ -24,7 +24,9 @@ nothing had been decided.
 
 A Responses request that continues a stored response sends only its new
 items; `Chains` keeps each stored answer's session and tool calls, so the
-request is read as if it carried them.
+request is read as if it carried them. A response made in the background is
+answered before it is written; `Background` keeps whose it is until it is
+fetched finished.
 """
 
 from __future__ import annotations
@@ -52,10 +54,14 @@ def given(value: str | None) -> str | None:
 
 
 def fingerprint(dialect: Dialect, body: Json, credential: str, anchor: str | None) -> str | None:
+    # The credential is never kept or sent: only its digest enters the fingerprint.
+    return fingerprint_of(dialect.name, digest(credential), dialect.opening(body), anchor)
+
+
+def fingerprint_of(api: str, key: str, opening: Any, anchor: str | None) -> str | None:
     if anchor is None:
         return None
-    key = digest(credential)  # never kept or sent: only its digest enters the fingerprint
-    return PREFIX + digest(dialect.name, key, dialect.opening(body), anchor)[:40]
+    return PREFIX + digest(api, key, opening, anchor)[:40]
 
 
 @dataclass(frozen=True)
@@ -179,3 +185,52 @@ class Chains:
 
     async def remember(self, key: str, session: str, calls: list[list[str]]) -> None:
         await self.store.set_cursor(self._name(key), json.dumps([session, calls]))
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A background response not yet fetched finished: its session, or what
+    makes one (the credential's digest and the conversation's opening) when
+    its request had none, and its model (for its price)."""
+
+    session: str | None
+    model: str
+    key: str  # digest of the credential, when session is None
+    opening: Any
+    chains: list[str]  # the keys requests continuing it name it by (Chains)
+
+
+class Background:
+    """Responses asked for with `background: true`: answered at once (queued,
+    no output, no usage), written later and fetched with `GET
+    /v1/responses/<id>`. Kept in the store with the state TTL, so the replica
+    that relays the finished response, whichever it is, can give its usage
+    to the right session's budget and its tool calls to the requests that
+    continue it. `take` is true once a response (a claim in the store): an
+    agent may fetch a finished response many times."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    @staticmethod
+    def _name(response_id: str) -> str:
+        return "llm-bg:" + digest(response_id)[:40]
+
+    async def mark(self, response_id: str, pending: Pending) -> None:
+        p = pending
+        value = [p.session, p.model, p.key, p.opening, p.chains]
+        await self.store.set_cursor(self._name(response_id), json.dumps(value))
+
+    async def pending(self, response_id: str) -> Pending | None:
+        raw = await self.store.get_cursor(self._name(response_id))
+        try:
+            session, model, key, opening, chains = json.loads(raw) if raw else [None] * 5
+        except (ValueError, TypeError):
+            return None
+        if not isinstance(model, str) or not isinstance(key, str):
+            return None
+        session = session if isinstance(session, str) else None
+        return Pending(session, model, key, opening, _keys(chains))
+
+    async def take(self, response_id: str, ttl_ms: int) -> bool:
+        return await self.store.claim(self._name(response_id), ttl_ms)

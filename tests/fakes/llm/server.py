@@ -14,6 +14,7 @@ from aiohttp import web
 from tests.fakes.llm import anthropic_wire, openai_wire
 from tests.fakes.llm.behaviours import Behaviour, Exchange, answer, error_response
 from tests.fakes.llm.model import Api, Call
+from tests.fakes.llm.sse import open_sse
 
 
 class FakeLLM:
@@ -23,6 +24,11 @@ class FakeLLM:
         self.key: str | None = None
         self.models: list[str] = ["fake-model"]  # what GET /v1/models lists
         self._queue: deque[Behaviour] = deque()
+        # Responses made with `background: true`, by id: fetched with GET
+        # /v1/responses/<id>, "in_progress" the first `background_polls` times.
+        self.background: dict[str, dict[str, object]] = {}
+        self.background_polls = 0
+        self._polled: dict[str, int] = {}
         self._stopping = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self._port = 0
@@ -83,6 +89,7 @@ class FakeLLM:
         app.router.add_post("/v1/chat/completions", self._openai)
         app.router.add_post("/v1/messages", self._anthropic)
         app.router.add_post("/v1/responses", self._responses)
+        app.router.add_get("/v1/responses/{response_id}", self._fetch)
         app.router.add_get("/v1/models", self._models)
         app.router.add_route("*", "/{tail:.*}", self._unknown)
         self._runner = web.AppRunner(app, shutdown_timeout=1.0, access_log=None)
@@ -137,7 +144,43 @@ class FakeLLM:
         return await self._model_call(request, "anthropic")
 
     async def _responses(self, request: web.Request) -> web.StreamResponse:
-        return await self._model_call(request, "responses")
+        answer = await self._model_call(request, "responses")
+        try:
+            body = json.loads(await request.read())  # read once by _record, kept by aiohttp
+        except ValueError:
+            return answer
+        if not isinstance(body, dict) or body.get("background") is not True or body.get("stream"):
+            return answer
+        if not isinstance(answer, web.Response) or answer.status != 200 or answer.text is None:
+            return answer
+        # Background: answered at once, queued; the answer written is fetched later.
+        done = json.loads(answer.text)
+        self.background[done["id"]] = done
+        queued = {**done, "status": "queued", "output": [], "usage": None, "completed_at": None}
+        return web.json_response(queued)
+
+    async def _fetch(self, request: web.Request) -> web.StreamResponse:
+        """GET /v1/responses/<id>: a background response, in progress the first
+        `background_polls` times, then as it was written; with `?stream=true`,
+        its stream resumed at its end (a response.completed event)."""
+        call = await self._record(request, "responses")
+        response_id = request.match_info["response_id"]
+        done = self.background.get(response_id)
+        if not self._authorized(call) or done is None:
+            call.behaviour = "not_found"
+            return error_response("responses", 404, f"No response found with id '{response_id}'.")
+        call.behaviour = "fetch"
+        if request.query.get("stream") == "true":
+            resp = await open_sse(request)
+            event = {"type": "response.completed", "sequence_number": 1, "response": done}
+            await resp.write(f"event: response.completed\ndata: {json.dumps(event)}\n\n".encode())
+            await resp.write_eof()
+            return resp
+        polled = self._polled[response_id] = self._polled.get(response_id, 0) + 1
+        if polled <= self.background_polls:
+            return web.json_response({**done, "status": "in_progress", "output": [],
+                                      "usage": None, "completed_at": None})  # fmt: skip
+        return web.json_response(done)
 
     async def _model_call(self, request: web.Request, api: Api) -> web.StreamResponse:
         call = await self._record(request, api)
