@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from gateway.config import GuardConfig, parse_config
+from gateway.guard import normalize
 from gateway.guard.engine import MemoryEngine, RedisEngine
 from gateway.guard.service import REASONS, Answer, Guard, GuardInputError, ProfileConflict
 from gateway.store.redis import RedisStore
@@ -208,6 +209,35 @@ async def test_the_same_result_three_times_warns_no_progress(guard: Guard) -> No
         results.append(await guard.result("s", {"tool": "lookup", "output": {"found": 0}}))
     assert seen(results) == [ALLOW, ALLOW, ("warn", "no_progress")]
     assert results[2].evidence == {"tool": "lookup", "same_results": 3}
+
+
+@pytest.mark.parametrize("said", ["ok", "Done.", True, {"ok": True}, '{"status": "success"}'])
+async def test_an_acknowledgement_again_is_no_sign_of_no_progress(guard: Guard, said: Any) -> None:
+    # Breaks if an answer that only acknowledges the call counts toward
+    # no_progress: an agent writing five files, each answered `ok`, was told
+    # at the third that calling again would change nothing and to move on.
+    out = []
+    for i in range(5):
+        await guard.step("s", {"tool": "write_file", "args": {"path": f"notes/{i}.md"}})
+        out.append(await guard.result("s", {"tool": "write_file", "output": said}))
+    assert seen(out) == [ALLOW] * 5
+    state = await guard.state("s")
+    assert state is not None and state["tools"]["write_file"]["same_result_streak"] == 0
+    # what says more than that still counts: nothing found, three times
+    for i in range(3):
+        await guard.step("s", {"tool": "search", "args": {"q": "tides", "page": 5 + i}})
+        last = await guard.result("s", {"tool": "search", "output": "ok, 0 results"})
+    assert (last.decision, last.reason) == ("warn", "no_progress")
+
+
+def test_what_acknowledges_a_call() -> None:
+    for said in ("ok", " OK. ", "Done!", "success", True, {"ok": True}, {"status": "ok"},
+                 '{"success": true}', {"ok": True, "result": "done"}):  # fmt: skip
+        assert normalize.acknowledges(said), said
+    for said in ("ok, 0 results", "[]", "", None, False, 1, {}, {"ok": False},
+                 {"status": "ok", "path": "a.md"}, '{"found": 0}', ["ok"], "not ok",
+                 '{"ok": "{\\"ok\\": true}"}'):  # fmt: skip
+        assert not normalize.acknowledges(said), said
 
 
 # -- 7. sub-agents -------------------------------------------------------------

@@ -364,6 +364,42 @@ TARGET_KEYS = (
 )  # fmt: skip
 
 
+# A result that only says the call was done: every act answers it alike, so
+# its coming again is no sign that nothing changes (no_progress). Compared
+# without case, surrounding space and a final period.
+ACKNOWLEDGEMENTS = frozenset({
+    "ok", "okay", "done", "success", "successful", "succeeded", "true", "saved",
+    "written", "created", "updated", "deleted", "sent", "completed",
+})  # fmt: skip
+_ACK_KEYS = frozenset({"ok", "success", "status", "result"})
+
+
+def acknowledges(output: Any, _depth: int = 0) -> bool:
+    """Whether a result only acknowledges the call: `ok`, `Done.`, `true`,
+    `{"ok": true}`, `{"status": "success"}` (as an object, or as its JSON
+    text, an MCP result's)."""
+    if output is True:
+        return True
+    if isinstance(output, str):
+        if len(output) > 200:  # (a large output is read no further)
+            return False
+        text = output.strip().rstrip(".!").strip().lower()
+        if text in ACKNOWLEDGEMENTS:
+            return True
+        if _depth == 0 and text[:1] == "{":
+            try:
+                return acknowledges(json.loads(text), 1)
+            except ValueError:
+                return False
+        return False
+    if isinstance(output, dict) and 0 < len(output) <= 2:
+        return all(
+            isinstance(k, str) and k.lower() in _ACK_KEYS and acknowledges(v, 1)
+            for k, v in output.items()
+        )
+    return False
+
+
 def target(args: Any, target_keys: tuple[str, ...] = TARGET_KEYS) -> str:
     """A hash of the target arguments of a call (top-level keys of an object),
     or "" when it has none."""

@@ -415,6 +415,7 @@ class Guard:
             "poll": req.tool in p.polling.tools,
             "sub": sub,
             "rtoks": normalize.tokens(req.output, p.session.max_tokens) if sub else "",
+            "ack": req.ok and normalize.acknowledges(req.output),
         }
         if req.args is not None:  # the call it answers, by the step's own signature
             payload["sig"] = normalize.signature(req.tool, req.args)

@@ -456,8 +456,10 @@ local function check(OP, P)
         if kept then t.fix = S.fix end
       end
     end
-    -- no progress: the same result again, with nothing new from any tool since
-    if not changed and t.epoch == S.epoch then t.same = t.same + 1 else t.same = 1 end
+    -- no progress: the same result again, with nothing new from any tool
+    -- since; a result that only acknowledges the call (`ok`) is no such sign
+    if P.ack then t.same = 0
+    elseif not changed and t.epoch == S.epoch then t.same = t.same + 1 else t.same = 1 end
     if changed then S.epoch = (S.epoch or 0) + 1 end
     t.res, t.epoch = P.rh, S.epoch
     local prog = S.prog or 0
