@@ -156,6 +156,37 @@ async def test_a_frozen_redis_costs_one_timeout_then_nothing(
     assert (await store.admit(bot_turn())).soft == 2
 
 
+async def test_a_pause_or_limits_refused_on_a_frozen_redis_are_not_applied_after(
+    redis: RedisServer, store: FailoverStore
+) -> None:
+    # Breaks if a settings change Redis reaches after its caller gave up is
+    # run anyway: the admin was told "pause is refused" and the chat paused
+    # once Redis woke; and a limits change, a delete then a set, could be
+    # left half done (the chat's old limits gone, the new ones never set).
+    await store.set_overrides("c", Overrides(soft_limit=3))
+    await store.admit(bot_turn())  # Redis's clock known: calls carry deadlines
+    assert redis.proc is not None
+    client = aioredis.from_url(redis.url, decode_responses=True)
+    try:
+        for change in (
+            lambda: store.set_paused("c", True),
+            lambda: store.set_overrides("c", Overrides(soft_limit=7)),
+        ):
+            redis.proc.send_signal(signal.SIGSTOP)
+            try:
+                with pytest.raises(StoreError, match="refused"):
+                    await change()
+            finally:
+                redis.proc.send_signal(signal.SIGCONT)
+            await asyncio.wait_for(store.wait_recovered(), 5)
+            [cfg] = [k async for k in client.scan_iter(match="*{c}:cfg")]
+            assert await client.hgetall(cfg) == {"soft_limit": "3"}  # as before the refusal
+    finally:
+        await client.aclose()
+    await store.set_paused("c", True)  # taken again once Redis is back
+    assert (await store.status("c", "me", LIMITS)).paused
+
+
 def sent_by_me(msg_id: str, answered: str = "") -> SentRequest:
     return SentRequest(Observed("c", msg_id, "me", "me", Count.BOT), "me", LIMITS,
                        answered=answered)  # fmt: skip

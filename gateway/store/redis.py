@@ -357,6 +357,7 @@ class RedisStore:
             None if isinstance(client, RedisCluster) else AutoPipeline(client, timeout=call_timeout)
         )
         self._reset = register(client, _lua("reset.lua"))
+        self._settings = register(client, _lua("settings.lua"))
         self._ticket = register(client, _lua("ticket.lua"))
         self._probe = register(client, _PROBE)
 
@@ -532,23 +533,24 @@ class RedisStore:
             await self._reset(keys=[keys.state, keys.pairs, keys.pace], args=[])
 
     async def set_paused(self, chat: str, paused: bool) -> None:
-        keys = self.keys(chat)
-        with failing("pause"):
-            if paused:
-                await self.client.hset(keys.cfg, "paused", "1")
-                await self.client.pexpire(keys.cfg, self._settings_ttl)
-            else:
-                await self.client.hdel(keys.cfg, "paused")
+        changed = ("paused", "1") if paused else ()
+        await self._change(chat, "pause", changed, "" if paused else "paused")
 
     async def set_overrides(self, chat: str, overrides: Overrides, merge: bool = False) -> None:
-        keys = self.keys(chat)
-        values = overrides.as_dict()
-        with failing("overrides"):
-            if not merge:
-                await self.client.hdel(keys.cfg, *_OVERRIDE_FIELDS)
-            if values:
-                await self.client.hset(keys.cfg, items=[x for kv in values.items() for x in kv])
-                await self.client.pexpire(keys.cfg, self._settings_ttl)
+        values = [x for kv in overrides.as_dict().items() for x in (kv[0], kv[1])]
+        await self._change(chat, "overrides", values, "" if merge else " ".join(_OVERRIDE_FIELDS))
+
+    async def _change(self, chat: str, what: str, values: Sequence[Any], deleted: str) -> None:
+        """A chat's settings changed in one script call (settings.lua): all of
+        it or nothing, and nothing once its caller has given up on it."""
+        deadline = None
+        if self._call_timeout_ms is not None:
+            deadline = self.clock.deadline(time.time() * 1000, self._call_timeout_ms)
+        args = ["" if deadline is None else deadline, self._settings_ttl, deleted, *values]
+        with failing(what):
+            out = await self._run(self._settings, [self.keys(chat).cfg], args)
+        if out and out[0] in ("late", b"late"):
+            raise LateCall(f"redis reached this {what} after its deadline and did not run it")
 
     async def decisions(self, chat: str, limit: int = DECISION_LOG_SIZE) -> list[dict[str, Any]]:
         with failing("decisions"):
