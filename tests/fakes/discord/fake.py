@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from aiohttp import web
 
 from tests.fakes.discord.interactions import Interactions
-from tests.fakes.discord.payloads import new_message
+from tests.fakes.discord.payloads import RecordedMessage, new_message
 from tests.fakes.discord.world import API_VERSION, Json, MessageType
 
 
@@ -61,14 +61,7 @@ class FakeDiscord(Interactions):
         """A message by any known user (human or bot), as if typed in a Discord client:
         <@id>, <@&id>, @everyone and @here in the content ping (as Discord decides
         without allowed_mentions). Returns the MESSAGE_CREATE payload."""
-        rec = new_message(
-            self,
-            channel_id=channel_id,
-            author_id=author_id,
-            content=content,
-            message_type=message_type,
-            via="user_says",
-        )
+        rec = self._new(channel_id, author_id, content, "user_says", message_type)
         await self._store_and_fanout(rec)
         return rec.payload
 
@@ -80,14 +73,7 @@ class FakeDiscord(Interactions):
         gave, `bot: true`, no member), with `webhook_id` and, for a webhook an
         application made, `application_id`. `by`: the user whose pings it may
         make (the webhook's owner). Returns the MESSAGE_CREATE payload."""
-        rec = new_message(
-            self,
-            channel_id=channel_id,
-            author_id=by,
-            content=content,
-            message_type=MessageType.DEFAULT,
-            via="webhook_says",
-        )
+        rec = self._new(channel_id, by, content, "webhook_says")
         rec.payload.pop("member", None)
         rec.payload["author"] = {"id": str(webhook_id), "username": name, "avatar": None,
                                  "discriminator": "0000", "bot": True}  # fmt: skip
@@ -101,15 +87,24 @@ class FakeDiscord(Interactions):
         """A MESSAGE_CREATE payload as `user_says` would build it (fresh id, pings
         resolved), neither recorded nor dispatched: a starting point for
         `dispatch_raw` payloads that Discord should never send."""
-        rec = new_message(
+        return copy.deepcopy(self._new(channel_id, author_id, content, "raw").payload)
+
+    def _new(
+        self,
+        channel_id: int,
+        author_id: int,
+        content: str,
+        via: str,
+        message_type: int = MessageType.DEFAULT,
+    ) -> RecordedMessage:
+        return new_message(
             self,
             channel_id=channel_id,
             author_id=author_id,
             content=content,
-            message_type=MessageType.DEFAULT,
-            via="raw",
+            message_type=message_type,
+            via=via,
         )
-        return copy.deepcopy(rec.payload)
 
 
 @contextlib.contextmanager
