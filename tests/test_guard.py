@@ -211,7 +211,36 @@ async def test_the_same_result_three_times_warns_no_progress(guard: Guard) -> No
     assert results[2].evidence == {"tool": "lookup", "same_results": 3}
 
 
-@pytest.mark.parametrize("said", ["ok", "Done.", True, {"ok": True}, '{"status": "success"}'])
+async def test_failures_of_calls_side_by_side_are_judged_as_one_after_another(
+    guard: Guard,
+) -> None:
+    # Breaks if a failure named by its call's arguments is taken for the
+    # tool's newest call: five pages fetched side by side, each answering
+    # the same 404, were "the same call failing the same way five times",
+    # warned, then a retry of one page blocked as a failure_streak. One
+    # after another the same five trip no failure streak.
+    pages = [{"url": f"https://example.org/{p}"} for p in ("alpha", "bravo", "charlie", "delta")]
+    failed = {"tool": "fetch", "ok": False, "output": "HTTPError: 404 Not Found"}
+
+    async def side_by_side(session: str) -> list[Answer]:
+        out = [await guard.step(session, {"tool": "fetch", "args": a}) for a in pages]
+        out += [await guard.result(session, {**failed, "args": a}) for a in pages]
+        return [*out, await guard.step(session, {"tool": "fetch", "args": pages[-1]})]
+
+    async def in_turn(session: str) -> list[Answer]:
+        out = []
+        for a in pages:
+            out.append(await guard.step(session, {"tool": "fetch", "args": a}))
+            out.append(await guard.result(session, {**failed, "args": a}))
+        return [*out, await guard.step(session, {"tool": "fetch", "args": pages[-1]})]
+
+    def streaks(answers: list[Answer]) -> list[tuple[str, str]]:
+        return [seen([a])[0] for a in answers if "failure" in a.reason]
+
+    assert streaks(await side_by_side("p")) == streaks(await in_turn("q")) == []
+
+
+@pytest.mark.parametrize("said", ["ok", "Done.", {"ok": True}, '{"status": "success"}'])
 async def test_an_acknowledgement_again_is_no_sign_of_no_progress(guard: Guard, said: Any) -> None:
     # Breaks if an answer that only acknowledges the call counts toward
     # no_progress: an agent writing five files, each answered `ok`, was told
@@ -231,10 +260,12 @@ async def test_an_acknowledgement_again_is_no_sign_of_no_progress(guard: Guard, 
 
 
 def test_what_acknowledges_a_call() -> None:
-    for said in ("ok", " OK. ", "Done!", "success", True, {"ok": True}, {"status": "ok"},
+    for said in ("ok", " OK. ", "Done!", "success", {"ok": True}, {"status": "ok"},
                  '{"success": true}', {"ok": True, "result": "done"}):  # fmt: skip
         assert normalize.acknowledges(said), said
+    # a yes/no tool's answer is an answer: `true` again and again is no progress
     for said in ("ok, 0 results", "[]", "", None, False, 1, {}, {"ok": False},
+                 True, "true", {"result": True}, '{"result": true}', {"ok": "ok"},
                  {"status": "ok", "path": "a.md"}, '{"found": 0}', ["ok"], "not ok",
                  '{"ok": "{\\"ok\\": true}"}'):  # fmt: skip
         assert not normalize.acknowledges(said), said

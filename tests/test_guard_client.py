@@ -228,6 +228,38 @@ async def test_calls_of_one_tool_run_side_by_side_are_each_answered_as_their_own
     assert None not in results and len(results) == 7  # A's one answer and B's six
 
 
+async def test_a_result_names_its_call_only_when_calls_of_its_tool_overlap(
+    async_url: str,
+) -> None:
+    # Breaks if every result carries its call's arguments again: a tool whose
+    # arguments and output each fit the guard's 8 MiB but not together lost
+    # its result (a 413, raised with fail_open=False after the tool ran), and
+    # every large argument went up twice.
+    async with AsyncGuardClient(async_url, session="big", fail_open=False, timeout=30) as guard:
+        sent: list[tuple[str, dict[str, Any]]] = []
+        check = guard._check
+
+        async def spy(op: str, body: dict[str, Any]) -> Any:
+            sent.append((op, body))
+            return await check(op, body)
+
+        guard._check = spy  # type: ignore[method-assign]
+
+        @guard.tool()
+        async def translate(text: str) -> str:
+            await asyncio.sleep(0.01)
+            return text.upper()
+
+        assert len(await translate("a" * 4_500_000)) == 4_500_000  # 4.5 MB in, 4.5 MB out
+        await translate("b")
+        await asyncio.gather(translate("c"), translate("d"))
+        state = await guard.state()
+    results = [body for op, body in sent if op == "result"]
+    assert ["args" in r for r in results] == [False, False, True, True]
+    assert {r["args"]["text"] for r in results[2:]} == {"c", "d"}
+    assert state is not None and None not in {c["result"] for c in state["recent_calls"]}
+
+
 def test_the_client_file_alone_runs_on_a_bare_python(threaded_url: str, tmp_path: Path) -> None:
     """gateway/guard/client.py copied alone next to an agent, run by a Python
     with no site packages at all (-S -E -s: no aiohttp, no botbouncer): the sync

@@ -17,8 +17,10 @@ import anthropic
 import openai
 import pydantic
 import pytest
+import redis.asyncio as aioredis
 from aiohttp import web
 
+from gateway.llmproxy import session as sessions
 from gateway.llmproxy.wire import with_key
 from gateway.store import StoreError
 from gateway.store.failover import FailoverStore
@@ -156,6 +158,7 @@ async def test_background_responses_are_fed_and_counted_once_when_fetched(
             chained = await d.llm_proxy.chains.recall("response:" + first)
             assert chained is not None
             session = chained[0]
+            await d.inflight.idle()
             state = await d.guard.state(session)
     assert (answer, ran) == ("Grey, 11 C.", 4)  # the loop stopped as in the foreground
     assert again.status == "completed"
@@ -165,6 +168,85 @@ async def test_background_responses_are_fed_and_counted_once_when_fetched(
                   for r in llm.background.values())  # fmt: skip
     assert state["spent"]["tokens"] == written, state["spent"]
     assert len(llm.background) == 5
+
+
+async def test_a_background_response_counts_once_however_late_it_is_fetched_again(
+    redis_url: str, key_prefix: str
+) -> None:
+    # Breaks if what makes a finished response count once lapses before the
+    # record of it does: fetched again a day later (the claim's TTL), it
+    # counted again.
+    async with FakeLLM() as llm, proxy_daemon(llm, redis_url, key_prefix) as (d, url):
+        session = f"bg-late-{key_prefix}"
+        client = openai_client(f"{url}/llm/openai/v1",
+                               default_headers={sessions.HEADER: session})  # fmt: skip
+        queued = await client.responses.create(model="gpt-test", input="Hi", background=True)
+        done = await client.responses.retrieve(queued.id)
+        assert done.usage is not None
+        await d.inflight.idle()  # counted once the agent has the answer
+        once = (await d.guard.state(session) or {})["spent"]["tokens"]
+        claims = aioredis.from_url(redis_url)
+        try:
+            async for claim in claims.scan_iter(match=f"{key_prefix}:claim:llm-bg:*"):
+                await claims.delete(claim)  # a day later, the claim lapsed
+        finally:
+            await claims.aclose()
+        await client.responses.retrieve(queued.id)
+        await d.inflight.idle()
+        twice = (await d.guard.state(session) or {})["spent"]["tokens"]
+    assert once == twice == done.usage.input_tokens + done.usage.output_tokens
+
+
+async def test_a_background_stream_dropped_and_resumed_is_counted(
+    redis_url: str, key_prefix: str
+) -> None:
+    # Breaks if a background stream's id is read only from its last event:
+    # a stream that dropped before it (what background mode is for; the
+    # agent resumes it with GET /v1/responses/<id>?stream=true) was never
+    # counted, nor its tool calls given to the requests that continue it.
+    async with FakeLLM() as llm:
+        llm.default = repeat_tool_call("get_weather", {"city": "Brest"}, otherwise="Grey.")
+        llm.background_stream_seconds = 0.3
+        async with proxy_daemon(llm, redis_url, key_prefix) as (d, url):
+            session = f"bg-drop-{key_prefix}"
+            headers = {sessions.HEADER: session, "Authorization": "Bearer sk-test"}
+            body = {"model": "gpt-test", "input": "Weather in Brest?", "background": True,
+                    "stream": True, "tools": [WEATHER_TOOL_RESPONSES]}  # fmt: skip
+            async with aiohttp.ClientSession() as http:
+                route = f"{url}/llm/openai/v1/responses"
+                async with http.post(route, json=body, headers=headers) as resp:
+                    assert (await resp.content.readline()).startswith(b"event: response.created")
+            client = openai_client(f"{url}/llm/openai/v1", default_headers=headers)
+            [made] = llm.background
+            resumed = [e async for e in await client.responses.retrieve(made, stream=True)]
+            assert [e.type for e in resumed] == ["response.completed"]
+            await d.inflight.idle()
+            state = await d.guard.state(session)
+            assert d.llm_proxy is not None
+            chained = await d.llm_proxy.chains.recall("response:" + made)
+    usage = llm.background[made]["usage"]
+    assert state is not None
+    assert state["spent"]["tokens"] == usage["input_tokens"] + usage["output_tokens"]
+    assert chained is not None and [c[2] for c in chained[1]] == ["get_weather"]
+
+
+async def test_a_background_stream_read_to_its_end_counts_once_however_often_fetched(
+    redis_url: str, key_prefix: str
+) -> None:
+    async with FakeLLM() as llm, proxy_daemon(llm, redis_url, key_prefix) as (d, url):
+        session = f"bg-whole-{key_prefix}"
+        client = openai_client(f"{url}/llm/openai/v1",
+                               default_headers={sessions.HEADER: session})  # fmt: skip
+        events = await client.responses.create(
+            model="gpt-test", input="Hi", background=True, stream=True
+        )
+        [done] = [e.response async for e in events if e.type == "response.completed"]
+        for _ in range(2):
+            await client.responses.retrieve(done.id)
+        await d.inflight.idle()
+        state = await d.guard.state(session)
+    assert done.usage is not None and state is not None
+    assert state["spent"]["tokens"] == done.usage.input_tokens + done.usage.output_tokens
 
 
 async def test_warn_note_off_forwards_warned_requests_untouched(

@@ -23,6 +23,7 @@ import functools
 import inspect
 import json
 import logging
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable
@@ -128,6 +129,34 @@ def _usage(
     return body
 
 
+class _Overlaps:
+    """Calls of a tool made through `tool()`, to tell whether one overlapped
+    another call of its tool: its result names it by its arguments only
+    then (the guard otherwise gives a result to the tool's newest call
+    without one, which one after another is the right one), so a large
+    argument is not sent twice for every call."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # GuardClient may be used from threads
+        self._running: dict[str, int] = {}
+        self._started: dict[str, int] = {}
+
+    def start(self, tool: str) -> tuple[int, bool]:
+        with self._lock:
+            busy = self._running.get(tool, 0) > 0
+            self._running[tool] = self._running.get(tool, 0) + 1
+            self._started[tool] = self._started.get(tool, 0) + 1
+            return self._started[tool], busy
+
+    def end(self, tool: str, started: tuple[int, bool]) -> bool:
+        """Whether another call of `tool` ran while this one did."""
+        with self._lock:
+            self._running[tool] -= 1
+            if not self._running[tool]:
+                del self._running[tool]
+            return started[1] or self._started[tool] != started[0]
+
+
 class _Base:
     def __init__(
         self,
@@ -143,6 +172,7 @@ class _Base:
         self.profile = profile
         self.timeout = timeout
         self.fail_open = fail_open
+        self._overlaps = _Overlaps()
 
     def _url(self, op: str | None) -> str:
         url = f"{self.base_url}/v1/guard/{quote(self.session, safe='')}"
@@ -262,17 +292,27 @@ class AsyncGuardClient(_Base):
             @functools.wraps(fn)
             async def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
                 called = _call_args(fn, args, kwargs)
-                answer = await self.step(tool, called)
-                if answer.blocked:
-                    raise GuardBlocked(answer)
+                started = self._overlaps.start(tool)
+                ended = False
                 try:
-                    out = await fn(*args, **kwargs)
-                except Exception as exc:
-                    failed = f"{type(exc).__name__}: {exc}"
-                    await self.result(tool, ok=False, output=failed, args=called)
-                    raise
-                await self.result(tool, ok=True, output=out, args=called)
-                return out
+                    answer = await self.step(tool, called)
+                    if answer.blocked:
+                        raise GuardBlocked(answer)
+                    try:
+                        out = await fn(*args, **kwargs)
+                    except Exception as exc:
+                        ended = True
+                        named = called if self._overlaps.end(tool, started) else None
+                        failed = f"{type(exc).__name__}: {exc}"
+                        await self.result(tool, ok=False, output=failed, args=named)
+                        raise
+                    ended = True
+                    named = called if self._overlaps.end(tool, started) else None
+                    await self.result(tool, ok=True, output=out, args=named)
+                    return out
+                finally:
+                    if not ended:  # blocked, the guard failed, or cancelled
+                        self._overlaps.end(tool, started)
 
             return guarded
 
@@ -365,17 +405,27 @@ class GuardClient(_Base):
             @functools.wraps(fn)
             def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
                 called = _call_args(fn, args, kwargs)
-                answer = self.step(tool, called)
-                if answer.blocked:
-                    raise GuardBlocked(answer)
+                started = self._overlaps.start(tool)
+                ended = False
                 try:
-                    out = fn(*args, **kwargs)
-                except Exception as exc:
-                    failed = f"{type(exc).__name__}: {exc}"
-                    self.result(tool, ok=False, output=failed, args=called)
-                    raise
-                self.result(tool, ok=True, output=out, args=called)
-                return out
+                    answer = self.step(tool, called)
+                    if answer.blocked:
+                        raise GuardBlocked(answer)
+                    try:
+                        out = fn(*args, **kwargs)
+                    except Exception as exc:
+                        ended = True
+                        named = called if self._overlaps.end(tool, started) else None
+                        failed = f"{type(exc).__name__}: {exc}"
+                        self.result(tool, ok=False, output=failed, args=named)
+                        raise
+                    ended = True
+                    named = called if self._overlaps.end(tool, started) else None
+                    self.result(tool, ok=True, output=out, args=named)
+                    return out
+                finally:
+                    if not ended:  # blocked, the guard failed, or cancelled
+                        self._overlaps.end(tool, started)
 
             return guarded
 

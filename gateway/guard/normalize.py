@@ -367,19 +367,19 @@ TARGET_KEYS = (
 # A result that only says the call was done: every act answers it alike, so
 # its coming again is no sign that nothing changes (no_progress). Compared
 # without case, surrounding space and a final period.
+# A bare `true` is an answer (a yes/no tool's), not an acknowledgement.
 ACKNOWLEDGEMENTS = frozenset({
-    "ok", "okay", "done", "success", "successful", "succeeded", "true", "saved",
+    "ok", "okay", "done", "success", "successful", "succeeded", "saved",
     "written", "created", "updated", "deleted", "sent", "completed",
 })  # fmt: skip
-_ACK_KEYS = frozenset({"ok", "success", "status", "result"})
+_FLAG_KEYS = frozenset({"ok", "success"})  # {"ok": true}
+_WORD_KEYS = frozenset({"status", "result"})  # {"status": "ok"}
 
 
 def acknowledges(output: Any, _depth: int = 0) -> bool:
-    """Whether a result only acknowledges the call: `ok`, `Done.`, `true`,
+    """Whether a result only acknowledges the call: `ok`, `Done.`,
     `{"ok": true}`, `{"status": "success"}` (as an object, or as its JSON
     text, an MCP result's)."""
-    if output is True:
-        return True
     if isinstance(output, str):
         if len(output) > 200:  # (a large output is read no further)
             return False
@@ -393,11 +393,16 @@ def acknowledges(output: Any, _depth: int = 0) -> bool:
                 return False
         return False
     if isinstance(output, dict) and 0 < len(output) <= 2:
-        return all(
-            isinstance(k, str) and k.lower() in _ACK_KEYS and acknowledges(v, 1)
-            for k, v in output.items()
-        )
+        return all(_acknowledging(k, v) for k, v in output.items())
     return False
+
+
+def _acknowledging(key: Any, value: Any) -> bool:
+    if not isinstance(key, str):
+        return False
+    if key.lower() in _FLAG_KEYS:
+        return value is True
+    return key.lower() in _WORD_KEYS and isinstance(value, str) and acknowledges(value, 1)
 
 
 def target(args: Any, target_keys: tuple[str, ...] = TARGET_KEYS) -> str:

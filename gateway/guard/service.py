@@ -417,8 +417,8 @@ class Guard:
             "rtoks": normalize.tokens(req.output, p.session.max_tokens) if sub else "",
             "ack": req.ok and normalize.acknowledges(req.output),
         }
-        if req.args is not None:  # the call it answers, by the step's own signature
-            payload["sig"] = normalize.signature(req.tool, req.args)
+        if req.args is not None:  # the call it answers, by the step's own hashes
+            payload["sig"], payload["ash"] = normalize.call_hashes(req.tool, req.args)
         return payload
 
     async def retry(self, session: str, body: Any, profile: str | None = None) -> Answer:

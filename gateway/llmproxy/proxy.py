@@ -32,7 +32,8 @@ import hashlib
 import json
 import logging
 import re
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import unquote
 
@@ -120,6 +121,19 @@ def _tails(raw_path: str, prefix: str) -> tuple[str, str] | None:
             kept.append(segment)
     decoded = "/" + "/".join(unquote(s) for s in kept if s)
     return decoded, "/" + "/".join(kept)
+
+
+class _Opened:
+    """Called once with a background response's id, as soon as it is read."""
+
+    def __init__(self, keep: Callable[[str], Awaitable[None]]) -> None:
+        self._keep = keep
+        self.done = False
+
+    async def __call__(self, response_id: str) -> None:
+        if not self.done:
+            self.done = True
+            await self._keep(response_id)
 
 
 _FETCH = re.compile(r"/v1/responses/([^/]+)")
@@ -320,21 +334,28 @@ class LlmProxy:
                     send = prepared
                 data = raw if send is None else json.dumps(send).encode()
             tap = dialect.stream_tap(body) if dialect.streams(body) else WholeTap(dialect)
-            done = await self._forward(request, api, dialect, tail, data, tap, headers)
+            pending: sessions.Pending | None = None
+            if body.get("background") is True:
+                # Kept as soon as its id is read (a stream that drops is resumed
+                # by a fetch that may come before this request's end), counted
+                # once whether this answer or a fetch brings it finished.
+                opening = dialect.opening(body) if session is None else None
+                pending = sessions.Pending(session, dialect.model(body), digest(credential),
+                                           opening, [])  # fmt: skip
+            opened = self._opened(dialect, body, pending) if pending is not None else None
+            done = await self._forward(request, api, dialect, tail, data, tap, headers, opened)
             if 200 <= done.status < 300:
+                if pending is not None and tap.continuable is not None:
+                    if opened is not None and not opened.done:
+                        await opened(tap.continuable[0])
+                    await self._finished(tap.continuable[0], pending, dialect, tap)
+                    return done
                 if session is None:
                     session = sessions.fingerprint(dialect, body, credential, tap.anchor)
                 await self._account(session, dialect, body, tap.usage)
                 if tap.continuable is not None and session is not None:
                     keys = dialect.continued_as(body, tap.continuable[0])
                     await self._remember(session, keys, *tap.continuable)
-                if body.get("background") is True and tap.continuable and not tap.usage.seen:
-                    answer_id = tap.continuable[0]
-                    opening = dialect.opening(body) if session is None else None
-                    chains = dialect.continued_as(body, answer_id)
-                    pending = sessions.Pending(session, dialect.model(body),
-                                               digest(credential), opening, chains)  # fmt: skip
-                    await self._pending(answer_id, pending)
             return done
         finally:
             if verdict.saving is not None:
@@ -443,13 +464,19 @@ class LlmProxy:
             log.warning("llm proxy: answer %.60r of session %s not kept for the requests "
                         "that continue it (%s)", answer_id, session, exc)  # fmt: skip
 
-    async def _pending(self, response_id: str, pending: sessions.Pending) -> None:
-        """A response made in the background, kept until it is fetched finished."""
-        try:
-            await self.background.mark(response_id, pending)
-        except StoreError as exc:
-            log.warning("llm proxy: background response %.60r not kept (%s): its usage will "
-                        "not be counted", response_id, exc)  # fmt: skip
+    def _opened(self, dialect: Dialect, body: Json, pending: sessions.Pending) -> _Opened:
+        """What keeps a background response once its id is read: `pending`,
+        with the keys requests continuing it will name it by."""
+
+        async def keep(response_id: str) -> None:
+            kept = replace(pending, chains=dialect.continued_as(body, response_id))
+            try:
+                await self.background.mark(response_id, kept)
+            except StoreError as exc:
+                log.warning("llm proxy: background response %.60r not kept (%s): its usage "
+                            "will not be counted", response_id, exc)  # fmt: skip
+
+        return _Opened(keep)
 
     async def _fetch(
         self, request: web.Request, api: ApiConfig, tail: str, raw: bytes, response_id: str
@@ -469,25 +496,35 @@ class LlmProxy:
         streams = request.query.get("stream") == "true"
         tap = dialect.stream_tap({}) if streams else WholeTap(dialect)
         done = await self._forward(request, api, dialect, tail, raw, tap)
-        if not 200 <= done.status < 300 or not tap.usage.seen:
-            return done  # not finished yet: a later fetch counts it
+        if 200 <= done.status < 300:
+            await self._finished(response_id, pending, dialect, tap)
+        return done
+
+    async def _finished(
+        self, response_id: str, pending: sessions.Pending, dialect: Dialect, tap: Tap
+    ) -> None:
+        """A background response seen finished (its usage read), by the
+        request that made it or by a fetch: its usage to its session's budget
+        and its tool calls to the requests that continue it, the first time
+        only (Background.take)."""
+        if not tap.usage.seen:
+            return  # not finished yet: a later fetch counts it
         session = pending.session or sessions.fingerprint_of(
             dialect.name, pending.key, pending.opening, tap.anchor
         )
         if session is None:
-            return done  # no tool calls, no header: a budget of no session (_account)
+            return  # no tool calls, no header: a budget of no session (_account)
         ttl_ms = self.guard.config.session_ttl_seconds * 1000
         try:
             first = await self.background.take(response_id, ttl_ms)
         except StoreError as exc:
             log.warning("llm proxy: background response %.60r not counted (%s)", response_id,
                         exc)  # fmt: skip
-            return done
+            return
         if first:
             await self._account(session, dialect, {"model": pending.model}, tap.usage)
             if tap.continuable is not None:
                 await self._remember(session, pending.chains, *tap.continuable)
-        return done
 
     def _usage(self, cost_usd: float, tokens: int) -> dict[str, Any]:
         body: dict[str, Any] = {"cost_usd": cost_usd, "tokens": tokens}
@@ -567,6 +604,7 @@ class LlmProxy:
         data: bytes,
         tap: Tap | None = None,
         headers: dict[str, str] | None = None,
+        opened: _Opened | None = None,
     ) -> web.StreamResponse:
         url = URL(api.upstream + tail, encoded=True)  # `tail` as it came (_tails)
         t = self.config.timeouts
@@ -596,7 +634,7 @@ class LlmProxy:
             why = f"the upstream {api.upstream} is unreachable: {type(exc).__name__}"
             return self._error(dialect, 502, why, "upstream_unreachable", headers)
         try:
-            return await self._relay(request, upstream, dialect, tap, headers or {})
+            return await self._relay(request, upstream, dialect, tap, headers or {}, opened)
         finally:
             upstream.release()
 
@@ -607,6 +645,7 @@ class LlmProxy:
         dialect: Dialect,
         tap: Tap | None,
         headers: dict[str, str],
+        opened: _Opened | None = None,
     ) -> web.StreamResponse:
         out = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         for name, value in upstream.headers.items():
@@ -625,6 +664,9 @@ class LlmProxy:
                 passed = tap.feed(chunk) if tap is not None else chunk
                 if passed:
                     await out.write(passed)
+                if opened is not None and tap is not None and tap.continuable is not None:
+                    await opened(tap.continuable[0])  # a background response's id, read
+                    opened = None
             if tap is not None:
                 rest = tap.done()
                 if rest:

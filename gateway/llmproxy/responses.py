@@ -69,6 +69,8 @@ def _output_text(output: Any) -> str:
 _MODEL_ITEMS = frozenset({*_CALLS, "reasoning"})
 # Events whose `response` is the whole answer, usage included.
 _FINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+# Events that open an answer: its id, before anything is written.
+_OPENING_EVENTS = frozenset({"response.created", "response.queued", "response.in_progress"})
 
 
 def items(body: Json) -> list[Json]:
@@ -147,8 +149,17 @@ class ResponsesStreamTap(EventTap):
 
     def read(self, event: Json) -> None:
         response = event.get("response")
-        if _type(event) in _FINAL_EVENTS and isinstance(response, dict):
+        if not isinstance(response, dict):
+            return
+        kind = _type(event)
+        if kind in _FINAL_EVENTS:
             _read_response(response, self)
+        elif kind in _OPENING_EVENTS and self.continuable is None:
+            # The id, should the stream end before the answer does: a
+            # background response the agent resumes later (GET ...?stream=true).
+            ident = response.get("id")
+            if isinstance(ident, str) and ident:
+                self.continuable = (ident, [])
 
 
 def _json_answer(body: Json) -> bool:

@@ -233,4 +233,9 @@ class Background:
         return Pending(session, model, key, opening, _keys(chains))
 
     async def take(self, response_id: str, ttl_ms: int) -> bool:
-        return await self.store.claim(self._name(response_id), ttl_ms)
+        """True for the first fetch that counts it; the record is spent then,
+        so no later fetch counts it, however much later."""
+        if not await self.store.claim(self._name(response_id), ttl_ms):
+            return False
+        await self.store.set_cursor(self._name(response_id), "null")
+        return True

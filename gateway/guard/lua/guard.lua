@@ -468,9 +468,12 @@ local function check(OP, P)
       -- a call that succeeded is progress for every failing tool
       if call and not P.poll then S.prog = prog + 1 end
     else
-      local again = t.fail > 0 and t.fash == t.lash and t.frsh == P.rsh and t.fprog == prog
+      -- the failing call's shape: its own when the result names it (calls
+      -- side by side), else the tool's newest call's
+      local shape = P.ash or t.lash
+      local again = t.fail > 0 and t.fash == shape and t.frsh == P.rsh and t.fprog == prog
       if again then t.fail = t.fail + 1 else t.fail = 1 end
-      t.fash, t.frsh, t.fprog, t.frh = t.lash, P.rsh, prog, P.rh
+      t.fash, t.frsh, t.fprog, t.frh = shape, P.rsh, prog, P.rh
     end
     check_failures(name, t)
     if call and not P.ok then check_repeated_failure(name, identical_failures(call.s, P.rh)) end

@@ -28,6 +28,7 @@ class FakeLLM:
         # /v1/responses/<id>, "in_progress" the first `background_polls` times.
         self.background: dict[str, dict[str, object]] = {}
         self.background_polls = 0
+        self.background_stream_seconds = 0.0
         self._polled: dict[str, int] = {}
         self._stopping = asyncio.Event()
         self._runner: web.AppRunner | None = None
@@ -118,7 +119,7 @@ class FakeLLM:
 
     async def _record(self, request: web.Request, api: Api) -> Call:
         headers = {k.lower(): v for k, v in request.headers.items()}
-        raw = await request.read() if request.can_read_body else b""
+        raw = await request.read() if request.body_exists else b""  # read() keeps what it read
         try:
             body = json.loads(raw) if raw else None
         except (ValueError, RecursionError):  # not JSON, or nested past Python's stack
@@ -144,20 +145,35 @@ class FakeLLM:
         return await self._model_call(request, "anthropic")
 
     async def _responses(self, request: web.Request) -> web.StreamResponse:
-        answer = await self._model_call(request, "responses")
         try:
-            body = json.loads(await request.read())  # read once by _record, kept by aiohttp
+            body = json.loads(await request.read())  # read again by _record, kept by aiohttp
         except ValueError:
-            return answer
-        if not isinstance(body, dict) or body.get("background") is not True or body.get("stream"):
-            return answer
+            body = None
+        if not isinstance(body, dict) or body.get("background") is not True:
+            return await self._model_call(request, "responses")
+        # Background: the answer written at once, kept to be fetched
+        # (GET /v1/responses/<id>); answered queued, or streamed: created at
+        # once, completed `background_stream_seconds` later (a client that
+        # drops the stream meanwhile resumes it with ?stream=true).
+        answer = await self._model_call(request, "responses", stream=False)
         if not isinstance(answer, web.Response) or answer.status != 200 or answer.text is None:
             return answer
-        # Background: answered at once, queued; the answer written is fetched later.
         done = json.loads(answer.text)
         self.background[done["id"]] = done
         queued = {**done, "status": "queued", "output": [], "usage": None, "completed_at": None}
-        return web.json_response(queued)
+        if not body.get("stream"):
+            return web.json_response(queued)
+        resp = await open_sse(request)
+        try:
+            await resp.write(_event("response.created", 0, queued))
+            for _ in range(round(self.background_stream_seconds / 0.05)):
+                await asyncio.sleep(0.05)
+                await resp.write(b": writing\n\n")  # an SSE comment, as a keep-alive
+            await resp.write(_event("response.completed", 1, done))
+            await resp.write_eof()
+        except ConnectionResetError:  # the client left: the response is written all the same
+            pass
+        return resp
 
     async def _fetch(self, request: web.Request) -> web.StreamResponse:
         """GET /v1/responses/<id>: a background response, in progress the first
@@ -172,8 +188,7 @@ class FakeLLM:
         call.behaviour = "fetch"
         if request.query.get("stream") == "true":
             resp = await open_sse(request)
-            event = {"type": "response.completed", "sequence_number": 1, "response": done}
-            await resp.write(f"event: response.completed\ndata: {json.dumps(event)}\n\n".encode())
+            await resp.write(_event("response.completed", 1, done))
             await resp.write_eof()
             return resp
         polled = self._polled[response_id] = self._polled.get(response_id, 0) + 1
@@ -182,7 +197,9 @@ class FakeLLM:
                                       "usage": None, "completed_at": None})  # fmt: skip
         return web.json_response(done)
 
-    async def _model_call(self, request: web.Request, api: Api) -> web.StreamResponse:
+    async def _model_call(
+        self, request: web.Request, api: Api, stream: bool | None = None
+    ) -> web.StreamResponse:
         call = await self._record(request, api)
         if not self._authorized(call):
             call.behaviour = "unauthorized"
@@ -196,7 +213,8 @@ class FakeLLM:
             return error_response(api, 400, "anthropic-version: header is required")
         behaviour = self._queue.popleft() if self._queue else self.default
         call.behaviour = behaviour.name
-        return await behaviour.run(Exchange(request, call, call.body, self._stopping))
+        body = call.body if stream is None else {**call.body, "stream": stream}
+        return await behaviour.run(Exchange(request, call, body, self._stopping))
 
     @staticmethod
     def _api_of(request: web.Request) -> Api:
@@ -218,3 +236,8 @@ class FakeLLM:
         call.behaviour = "not_found"
         message = f"Unknown request URL: {request.method} {request.path}"
         return error_response(call.api, 404, message)
+
+
+def _event(kind: str, sequence: int, response: object) -> bytes:
+    data = json.dumps({"type": kind, "sequence_number": sequence, "response": response})
+    return f"event: {kind}\ndata: {data}\n\n".encode()
