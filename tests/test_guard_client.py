@@ -228,13 +228,13 @@ async def test_calls_of_one_tool_run_side_by_side_are_each_answered_as_their_own
     assert None not in results and len(results) == 7  # A's one answer and B's six
 
 
-async def test_a_result_names_its_call_only_when_calls_of_its_tool_overlap(
+async def test_a_large_argument_names_its_result_only_when_calls_of_its_tool_overlap(
     async_url: str,
 ) -> None:
-    # Breaks if every result carries its call's arguments again: a tool whose
-    # arguments and output each fit the guard's 8 MiB but not together lost
-    # its result (a 413, raised with fail_open=False after the tool ran), and
-    # every large argument went up twice.
+    # Breaks if every result carries its call's arguments again, however
+    # large: a tool whose arguments and output each fit the guard's 8 MiB
+    # but not together lost its result (a 413, raised with fail_open=False
+    # after the tool ran), and every large argument went up twice.
     async with AsyncGuardClient(async_url, session="big", fail_open=False, timeout=30) as guard:
         sent: list[tuple[str, dict[str, Any]]] = []
         check = guard._check
@@ -255,9 +255,27 @@ async def test_a_result_names_its_call_only_when_calls_of_its_tool_overlap(
         await asyncio.gather(translate("c"), translate("d"))
         state = await guard.state()
     results = [body for op, body in sent if op == "result"]
-    assert ["args" in r for r in results] == [False, False, True, True]
+    assert ["args" in r for r in results] == [False, True, True, True]  # small ones always
     assert {r["args"]["text"] for r in results[2:]} == {"c", "d"}
     assert state is not None and None not in {c["result"] for c in state["recent_calls"]}
+
+
+async def test_two_clients_of_one_session_each_get_their_own_results(async_url: str) -> None:
+    # Breaks if a result names its call only when this client saw another
+    # call of its tool at the same time: one client per worker, one session,
+    # had A's result given to B's call and B's dropped.
+    one = AsyncGuardClient(async_url, session="workers", fail_open=False)
+    two = AsyncGuardClient(async_url, session="workers", fail_open=False)
+    async with one, two:
+
+        async def fetch(url: str) -> str:
+            await asyncio.sleep(0.05 if url == "A" else 0.2)
+            return f"page {url}"
+
+        await asyncio.gather(one.tool("fetch")(fetch)("A"), two.tool("fetch")(fetch)("B"))
+        state = await one.state()
+    assert state is not None
+    assert len({c["result"] for c in state["recent_calls"]} - {None}) == 2
 
 
 def test_the_client_file_alone_runs_on_a_bare_python(threaded_url: str, tmp_path: Path) -> None:

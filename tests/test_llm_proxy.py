@@ -249,6 +249,109 @@ async def test_a_background_stream_read_to_its_end_counts_once_however_often_fet
     assert state["spent"]["tokens"] == done.usage.input_tokens + done.usage.output_tokens
 
 
+async def sse_post(
+    http: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str]
+) -> tuple[dict[str, Any] | None, str]:
+    """A streamed Responses request sent raw: its response.completed
+    response (None when the stream broke first) and its guard header."""
+    async with http.post(url, json=body, headers=headers) as resp:
+        try:
+            text = (await resp.read()).decode()
+        except aiohttp.ClientPayloadError:
+            return None, "dropped"
+    for line in text.splitlines():
+        if line.startswith("data: ") and '"response.completed"' in line:
+            return json.loads(line[6:])["response"], resp.headers.get("X-Botbouncer-Guard", "")
+    return None, "no response.completed"
+
+
+async def test_a_chained_background_stream_loop_stops_as_in_the_foreground(
+    redis_url: str, key_prefix: str
+) -> None:
+    # Breaks if a background stream read to its end keeps its tool calls
+    # under no key: a request continuing it (previous_response_id) was fed
+    # nothing, and the loop ran until the agent's own turn limit.
+    async with FakeLLM() as llm:
+        llm.default = repeat_tool_call("get_weather", {"city": "Brest"}, otherwise="Grey.")
+        async with proxy_daemon(llm, redis_url, key_prefix) as (_, url):
+            route = f"{url}/llm/openai/v1/responses"
+            headers = {sessions.HEADER: f"bgs-{key_prefix}", "Authorization": "Bearer sk-test"}
+            base = {"model": "gpt-test", "background": True, "stream": True,
+                    "tools": [WEATHER_TOOL_RESPONSES]}  # fmt: skip
+            async with aiohttp.ClientSession() as http:
+                answer, _ = await sse_post(http, route, {**base, "input": "Weather?"}, headers)
+                turns = 1
+                while answer is not None and turns < 8:
+                    calls = [i for i in answer["output"] if i["type"] == "function_call"]
+                    if not calls:
+                        break
+                    out = {"type": "function_call_output", "call_id": calls[0]["call_id"],
+                           "output": weather("Brest")}  # fmt: skip
+                    body = {**base, "previous_response_id": answer["id"], "input": [out]}
+                    answer, _ = await sse_post(http, route, body, headers)
+                    turns += 1
+    assert turns == 5  # as the same loop in the foreground: the 5th with tools off
+    assert llm.calls_to("responses")[-1].tool_choice == "none"
+
+
+async def test_a_retry_of_a_dropped_stream_keeps_its_block(redis_url: str, key_prefix: str) -> None:
+    # Breaks if a (not background) stream that breaks after response.created
+    # keeps its answer's id with no calls: that replaced the conversation's
+    # kept calls, and the agent's retry of the blocked request, its results
+    # paired with nothing, went out again with tools on.
+    async def created_then_broken(ex: Exchange) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(ex.request)
+        started = {"id": "resp_broken", "object": "response", "status": "in_progress"}
+        event = {"type": "response.created", "sequence_number": 0, "response": started}
+        await resp.write(f"event: response.created\ndata: {json.dumps(event)}\n\n".encode())
+        assert ex.request.transport is not None
+        ex.request.transport.abort()  # the upstream breaks off
+        return resp
+
+    async with FakeLLM() as llm:
+        llm.default = repeat_tool_call("get_weather", {"city": "Brest"}, otherwise="Grey.")
+        async with proxy_daemon(llm, redis_url, key_prefix) as (_, url):
+            route = f"{url}/llm/openai/v1/responses"
+            headers = {sessions.HEADER: f"conv-drop-{key_prefix}",
+                       "Authorization": "Bearer sk-test"}  # fmt: skip
+            base = {"model": "gpt-test", "stream": True, "conversation": f"conv_{key_prefix}",
+                    "tools": [WEATHER_TOOL_RESPONSES]}  # fmt: skip
+            async with aiohttp.ClientSession() as http:
+                answer, _ = await sse_post(http, route, {**base, "input": "Weather?"}, headers)
+                for turn in range(2, 6):
+                    assert answer is not None
+                    [call] = [i for i in answer["output"] if i["type"] == "function_call"]
+                    out = {"type": "function_call_output", "call_id": call["call_id"],
+                           "output": weather("Brest")}  # fmt: skip
+                    body = {**base, "input": [out]}
+                    if turn == 5:
+                        llm.then(Behaviour("created_then_broken", created_then_broken))
+                    answer, _ = await sse_post(http, route, body, headers)
+                await sse_post(http, route, body, headers)  # the agent retries it unchanged
+    assert llm.calls[-2].tool_choice == "none"  # the 5th: blocked, tools off
+    assert llm.calls[-1].tool_choice == "none", "the retry went out with tools on"
+
+
+async def test_a_background_answer_of_no_session_counts_in_the_metrics(
+    redis_url: str, key_prefix: str
+) -> None:
+    # Breaks if a background answer of no session (no header, no tool
+    # calls) is left out of botbouncer_llm_tokens, as a foreground one is not.
+    async with FakeLLM() as llm, proxy_daemon(llm, redis_url, key_prefix) as (d, url):
+        client = openai_client(f"{url}/llm/openai/v1")
+        for background in (False, True):
+            tokens = d.metrics.llm_tokens.labels("openai", "output")
+            before = tokens._value.get()
+            events = await client.responses.create(
+                model="gpt-test", input="Hi", stream=True, background=background
+            )
+            [done] = [e.response async for e in events if e.type == "response.completed"]
+            await d.inflight.idle()
+            assert done.usage is not None
+            assert tokens._value.get() - before == done.usage.output_tokens, background
+
+
 async def test_warn_note_off_forwards_warned_requests_untouched(
     redis_url: str, key_prefix: str
 ) -> None:

@@ -129,12 +129,25 @@ def _usage(
     return body
 
 
+# A result names its call by the call's arguments (the guard otherwise gives
+# it to the newest call of its tool without one). Arguments up to this size
+# go with every result; larger ones only when another call of the tool
+# overlapped this one in this client (_Overlaps), so that a large argument
+# is not sent twice for every call, nor a call and its result together past
+# what the guard takes.
+NAMED_UP_TO = 64 * 1024
+
+
+def _named(called: Any, overlapped: bool) -> Any:
+    """The arguments a result names its call by, or None."""
+    if overlapped or len(json.dumps(called)) <= NAMED_UP_TO:
+        return called
+    return None
+
+
 class _Overlaps:
     """Calls of a tool made through `tool()`, to tell whether one overlapped
-    another call of its tool: its result names it by its arguments only
-    then (the guard otherwise gives a result to the tool's newest call
-    without one, which one after another is the right one), so a large
-    argument is not sent twice for every call."""
+    another call of its tool in this client (NAMED_UP_TO)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # GuardClient may be used from threads
@@ -302,12 +315,12 @@ class AsyncGuardClient(_Base):
                         out = await fn(*args, **kwargs)
                     except Exception as exc:
                         ended = True
-                        named = called if self._overlaps.end(tool, started) else None
+                        named = _named(called, self._overlaps.end(tool, started))
                         failed = f"{type(exc).__name__}: {exc}"
                         await self.result(tool, ok=False, output=failed, args=named)
                         raise
                     ended = True
-                    named = called if self._overlaps.end(tool, started) else None
+                    named = _named(called, self._overlaps.end(tool, started))
                     await self.result(tool, ok=True, output=out, args=named)
                     return out
                 finally:
@@ -415,12 +428,12 @@ class GuardClient(_Base):
                         out = fn(*args, **kwargs)
                     except Exception as exc:
                         ended = True
-                        named = called if self._overlaps.end(tool, started) else None
+                        named = _named(called, self._overlaps.end(tool, started))
                         failed = f"{type(exc).__name__}: {exc}"
                         self.result(tool, ok=False, output=failed, args=named)
                         raise
                     ended = True
-                    named = called if self._overlaps.end(tool, started) else None
+                    named = _named(called, self._overlaps.end(tool, started))
                     self.result(tool, ok=True, output=out, args=named)
                     return out
                 finally:

@@ -344,12 +344,14 @@ class LlmProxy:
                                            opening, [])  # fmt: skip
             opened = self._opened(dialect, body, pending) if pending is not None else None
             done = await self._forward(request, api, dialect, tail, data, tap, headers, opened)
+            made = tap.continuable[0] if tap.continuable is not None else tap.opened
+            if 200 <= done.status < 300 and pending is not None and made is not None:
+                if opened is not None:
+                    await opened(made)  # (once: the relay may have kept it already)
+                chains = dialect.continued_as(body, made)
+                await self._finished(made, replace(pending, chains=chains), dialect, tap)
+                return done
             if 200 <= done.status < 300:
-                if pending is not None and tap.continuable is not None:
-                    if opened is not None and not opened.done:
-                        await opened(tap.continuable[0])
-                    await self._finished(tap.continuable[0], pending, dialect, tap)
-                    return done
                 if session is None:
                     session = sessions.fingerprint(dialect, body, credential, tap.anchor)
                 await self._account(session, dialect, body, tap.usage)
@@ -509,11 +511,6 @@ class LlmProxy:
         only (Background.take)."""
         if not tap.usage.seen:
             return  # not finished yet: a later fetch counts it
-        session = pending.session or sessions.fingerprint_of(
-            dialect.name, pending.key, pending.opening, tap.anchor
-        )
-        if session is None:
-            return  # no tool calls, no header: a budget of no session (_account)
         ttl_ms = self.guard.config.session_ttl_seconds * 1000
         try:
             first = await self.background.take(response_id, ttl_ms)
@@ -521,10 +518,15 @@ class LlmProxy:
             log.warning("llm proxy: background response %.60r not counted (%s)", response_id,
                         exc)  # fmt: skip
             return
-        if first:
-            await self._account(session, dialect, {"model": pending.model}, tap.usage)
-            if tap.continuable is not None:
-                await self._remember(session, pending.chains, *tap.continuable)
+        if not first:
+            return
+        session = pending.session or sessions.fingerprint_of(
+            dialect.name, pending.key, pending.opening, tap.anchor
+        )
+        # No tool calls and no header: its tokens in the metrics, in no budget (_account).
+        await self._account(session, dialect, {"model": pending.model}, tap.usage)
+        if tap.continuable is not None and session is not None:
+            await self._remember(session, pending.chains, *tap.continuable)
 
     def _usage(self, cost_usd: float, tokens: int) -> dict[str, Any]:
         body: dict[str, Any] = {"cost_usd": cost_usd, "tokens": tokens}
@@ -664,8 +666,8 @@ class LlmProxy:
                 passed = tap.feed(chunk) if tap is not None else chunk
                 if passed:
                     await out.write(passed)
-                if opened is not None and tap is not None and tap.continuable is not None:
-                    await opened(tap.continuable[0])  # a background response's id, read
+                if opened is not None and tap is not None and tap.opened is not None:
+                    await opened(tap.opened)  # a background response's id, read
                     opened = None
             if tap is not None:
                 rest = tap.done()

@@ -154,12 +154,12 @@ class ResponsesStreamTap(EventTap):
         kind = _type(event)
         if kind in _FINAL_EVENTS:
             _read_response(response, self)
-        elif kind in _OPENING_EVENTS and self.continuable is None:
+        elif kind in _OPENING_EVENTS and self.opened is None:
             # The id, should the stream end before the answer does: a
             # background response the agent resumes later (GET ...?stream=true).
             ident = response.get("id")
             if isinstance(ident, str) and ident:
-                self.continuable = (ident, [])
+                self.opened = ident
 
 
 def _json_answer(body: Json) -> bool:

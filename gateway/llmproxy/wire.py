@@ -237,6 +237,10 @@ class Tap(ABC):
         # An answer a later request may continue on the server (Responses'
         # previous_response_id): its id and its tool calls (id, name, arguments).
         self.continuable: tuple[str, list[list[str]]] | None = None
+        # The answer's id as soon as it is read (a stream's first event): a
+        # background response is kept from then on, though its stream may end
+        # before the answer does.
+        self.opened: str | None = None
 
     @abstractmethod
     def feed(self, chunk: bytes) -> bytes: ...
