@@ -170,6 +170,19 @@ async def test_background_responses_are_fed_and_counted_once_when_fetched(
     assert len(llm.background) == 5
 
 
+async def spent_tokens(d: Any, session: str) -> int:
+    """The session's tokens spent, once the daemon has finished what it was
+    relaying (usage is counted after the agent has the answer)."""
+    await d.inflight.idle()
+    state = await d.guard.state(session)
+    assert state is not None, f"no guard session {session}"
+    return int(state["spent"]["tokens"])
+
+
+def session_client(url: str, session: str) -> openai.AsyncOpenAI:
+    return openai_client(f"{url}/llm/openai/v1", default_headers={sessions.HEADER: session})
+
+
 async def test_a_background_response_counts_once_however_late_it_is_fetched_again(
     redis_url: str, key_prefix: str
 ) -> None:
@@ -178,13 +191,11 @@ async def test_a_background_response_counts_once_however_late_it_is_fetched_agai
     # counted again.
     async with FakeLLM() as llm, proxy_daemon(llm, redis_url, key_prefix) as (d, url):
         session = f"bg-late-{key_prefix}"
-        client = openai_client(f"{url}/llm/openai/v1",
-                               default_headers={sessions.HEADER: session})  # fmt: skip
+        client = session_client(url, session)
         queued = await client.responses.create(model="gpt-test", input="Hi", background=True)
         done = await client.responses.retrieve(queued.id)
         assert done.usage is not None
-        await d.inflight.idle()  # counted once the agent has the answer
-        once = (await d.guard.state(session) or {})["spent"]["tokens"]
+        once = await spent_tokens(d, session)
         claims = aioredis.from_url(redis_url)
         try:
             async for claim in claims.scan_iter(match=f"{key_prefix}:claim:llm-bg:*"):
@@ -192,8 +203,7 @@ async def test_a_background_response_counts_once_however_late_it_is_fetched_agai
         finally:
             await claims.aclose()
         await client.responses.retrieve(queued.id)
-        await d.inflight.idle()
-        twice = (await d.guard.state(session) or {})["spent"]["tokens"]
+        twice = await spent_tokens(d, session)
     assert once == twice == done.usage.input_tokens + done.usage.output_tokens
 
 
@@ -235,18 +245,16 @@ async def test_a_background_stream_read_to_its_end_counts_once_however_often_fet
 ) -> None:
     async with FakeLLM() as llm, proxy_daemon(llm, redis_url, key_prefix) as (d, url):
         session = f"bg-whole-{key_prefix}"
-        client = openai_client(f"{url}/llm/openai/v1",
-                               default_headers={sessions.HEADER: session})  # fmt: skip
+        client = session_client(url, session)
         events = await client.responses.create(
             model="gpt-test", input="Hi", background=True, stream=True
         )
         [done] = [e.response async for e in events if e.type == "response.completed"]
         for _ in range(2):
             await client.responses.retrieve(done.id)
-        await d.inflight.idle()
-        state = await d.guard.state(session)
-    assert done.usage is not None and state is not None
-    assert state["spent"]["tokens"] == done.usage.input_tokens + done.usage.output_tokens
+        spent = await spent_tokens(d, session)
+    assert done.usage is not None
+    assert spent == done.usage.input_tokens + done.usage.output_tokens
 
 
 async def sse_post(
