@@ -228,13 +228,12 @@ async def test_calls_of_one_tool_run_side_by_side_are_each_answered_as_their_own
     assert None not in results and len(results) == 7  # A's one answer and B's six
 
 
-async def test_a_large_argument_names_its_result_only_when_calls_of_its_tool_overlap(
+async def test_a_result_too_large_with_its_arguments_is_sent_without_them(
     async_url: str,
 ) -> None:
-    # Breaks if every result carries its call's arguments again, however
-    # large: a tool whose arguments and output each fit the guard's 8 MiB
-    # but not together lost its result (a 413, raised with fail_open=False
-    # after the tool ran), and every large argument went up twice.
+    # Breaks if a result names its call whatever its size: a tool whose
+    # arguments and output each fit the guard's 8 MiB, but not together,
+    # lost its result (a 413, raised with fail_open=False after the tool ran).
     async with AsyncGuardClient(async_url, session="big", fail_open=False, timeout=30) as guard:
         sent: list[tuple[str, dict[str, Any]]] = []
         check = guard._check
@@ -247,17 +246,65 @@ async def test_a_large_argument_names_its_result_only_when_calls_of_its_tool_ove
 
         @guard.tool()
         async def translate(text: str) -> str:
-            await asyncio.sleep(0.01)
             return text.upper()
 
         assert len(await translate("a" * 4_500_000)) == 4_500_000  # 4.5 MB in, 4.5 MB out
-        await translate("b")
-        await asyncio.gather(translate("c"), translate("d"))
+        assert await translate("b") == "B"
         state = await guard.state()
     results = [body for op, body in sent if op == "result"]
-    assert ["args" in r for r in results] == [False, True, True, True]  # small ones always
-    assert {r["args"]["text"] for r in results[2:]} == {"c", "d"}
+    assert ["args" in r for r in results] == [True, False, True]  # the large one sent again
     assert state is not None and None not in {c["result"] for c in state["recent_calls"]}
+
+
+async def test_a_call_begun_while_the_result_before_it_is_on_its_way_gets_its_own(
+    async_url: str,
+) -> None:
+    # Breaks if a result is sent without its call's arguments while another
+    # call of its tool may step before it reaches the guard: the result went
+    # to that newer call, and the newer call's own result to nothing.
+    async with AsyncGuardClient(async_url, session="late", fail_open=False, timeout=30) as guard:
+        may_start = asyncio.Event()
+        send = guard.result
+
+        async def late(tool: str, ok: bool = True, output: Any = None, args: Any = None) -> Any:
+            if output == "summary of A":
+                may_start.set()  # the next call begins now...
+                await asyncio.sleep(0.3)  # ...while this result is on its way
+            return await send(tool, ok, output, args)
+
+        guard.result = late  # type: ignore[method-assign]
+
+        @guard.tool()
+        async def summarize(text: str) -> str:
+            await asyncio.sleep(0.05 if text[0] == "A" else 0.5)
+            return f"summary of {text[0]}"
+
+        async def second() -> str:
+            await may_start.wait()
+            return await summarize("B" * 100_000)
+
+        await asyncio.gather(summarize("A" * 100_000), second())
+        state = await guard.state()
+    assert state is not None
+    assert len({c["result"] for c in state["recent_calls"]} - {None}) == 2
+
+
+def test_what_json_cannot_hold_never_stops_a_tool(threaded_url: str) -> None:
+    # Breaks if the decorator raises on arguments or outputs json cannot
+    # write (a tuple key, a value that holds itself, a 5,000-digit integer):
+    # the tool never ran, or its caller lost what it returned after it ran.
+    guard = GuardClient(threaded_url, session="odd-values")
+    looped: list[Any] = []
+    looped.append(looped)
+
+    @guard.tool()
+    def grid(cells: dict[Any, str], odd: Any) -> dict[tuple[int, int], int]:
+        return {(0, 0): len(cells)}
+
+    assert grid({(0, 0): "red", (0, 1): "blue"}, looped) == {(0, 0): 2}
+    assert grid({}, 10**5000) == {(0, 0): 0}
+    state = guard.state()
+    assert state is not None and state["steps"] == 2
 
 
 async def test_two_clients_of_one_session_each_get_their_own_results(async_url: str) -> None:

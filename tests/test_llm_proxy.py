@@ -257,6 +257,59 @@ async def test_a_background_stream_read_to_its_end_counts_once_however_often_fet
     assert spent == done.usage.input_tokens + done.usage.output_tokens
 
 
+async def test_a_background_response_is_kept_by_digests_not_by_its_prompt(
+    redis_url: str, key_prefix: str
+) -> None:
+    # Breaks if the record of a background response of a conversation not
+    # named yet keeps the opening itself: the whole first user turn (an
+    # inline file, a patient's record) sat in Redis for the state TTL, up to
+    # max_body_bytes a request, where a digest is all the fingerprint takes.
+    secret = "PATIENT-RECORD-" + "x" * 600_000
+    async with FakeLLM() as llm, proxy_daemon(llm, redis_url, key_prefix) as (d, url):
+        client = openai_client(f"{url}/llm/openai/v1")
+        await client.responses.create(model="gpt-test", input=secret, background=True)
+        await d.inflight.idle()
+        kept = aioredis.from_url(redis_url)
+        try:
+            [key] = [k async for k in kept.scan_iter(match=f"{key_prefix}:cursor:llm-bg:*")]
+            record = await kept.get(key)
+        finally:
+            await kept.aclose()
+    assert record is not None and len(record) < 1024 and b"PATIENT" not in record
+
+
+async def test_a_background_response_is_kept_before_the_agent_has_its_id(
+    redis_url: str, key_prefix: str
+) -> None:
+    # Breaks if the proxy keeps a background response only after the agent
+    # has its id: fetched at once through another replica, finished, it was
+    # relayed unread there and never counted. A slow store write on the
+    # replica that made it shows the order.
+    async with FakeLLM() as llm, AsyncExitStack() as stack:
+        a, url_a = await stack.enter_async_context(proxy_daemon(llm, redis_url, key_prefix))
+        b, url_b = await stack.enter_async_context(proxy_daemon(llm, redis_url, key_prefix))
+        assert a.llm_proxy is not None
+        mark = a.llm_proxy.background.mark
+        slow = asyncio.Event()
+
+        async def slow_mark(response_id: str, pending: Any) -> None:
+            await asyncio.sleep(0.2)
+            await mark(response_id, pending)
+            slow.set()
+
+        a.llm_proxy.background.mark = slow_mark  # type: ignore[method-assign]
+        session = f"bg-race-{key_prefix}"
+        queued = await session_client(url_a, session).responses.create(
+            model="gpt-test", input="Hi", background=True
+        )
+        assert slow.is_set(), "the agent had the id before the response was kept"
+        done = await session_client(url_b, session).responses.retrieve(queued.id)
+        await a.inflight.idle()
+        spent = await spent_tokens(b, session)
+    assert done.usage is not None
+    assert spent == done.usage.input_tokens + done.usage.output_tokens
+
+
 async def sse_post(
     http: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str]
 ) -> tuple[dict[str, Any] | None, str]:

@@ -23,7 +23,6 @@ import functools
 import inspect
 import json
 import logging
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable
@@ -84,8 +83,40 @@ class GuardError(Exception):
 
 
 def _jsonable(value: Any) -> Any:
-    """Arguments and outputs as JSON; what JSON cannot hold becomes its str()."""
-    return json.loads(json.dumps(value, default=str))
+    """Arguments and outputs as JSON; what JSON cannot hold becomes its str():
+    an object, a key that is no string or number (a tuple), a value that
+    holds itself, an integer too long to print."""
+    try:
+        return json.loads(json.dumps(value, default=str))
+    except (TypeError, ValueError, RecursionError):
+        return _walked(value, 0)
+
+
+def _walked(value: Any, depth: int) -> Any:
+    if depth > 32:  # a value that holds itself ends here, well within what the guard reads
+        return "..."
+    if isinstance(value, dict):
+        return {_key(k): _walked(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_walked(v, depth + 1) for v in value]
+    if value is None or isinstance(value, str | bool | float):
+        return value
+    if isinstance(value, int):
+        return value if value.bit_length() <= 4096 else f"<an integer of {value.bit_length()} bits>"
+    try:
+        return str(value)
+    except Exception:  # any __str__ may raise
+        return f"<{type(value).__name__}>"
+
+
+def _key(key: Any) -> str:
+    """A key as JSON writes one (`1`, `true`, `null`), or its str()."""
+    if isinstance(key, str):
+        return key
+    if key is None or isinstance(key, bool):
+        return json.dumps(key)
+    walked = _walked(key, 0)
+    return walked if isinstance(walked, str) else str(walked)
 
 
 def _call_args(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -102,6 +133,12 @@ def _step(tool: str, args: Any, input_tokens: int | None) -> dict[str, Any]:
     if input_tokens is not None:
         body["input_tokens"] = input_tokens
     return body
+
+
+def _unnamed(body: dict[str, Any]) -> dict[str, Any]:
+    """A result too large for the guard with its call's arguments, without
+    them: the guard gives it to the newest call of its tool without one."""
+    return {k: v for k, v in body.items() if k != "args"}
 
 
 def _result(tool: str, ok: bool, output: Any, args: Any) -> dict[str, Any]:
@@ -129,47 +166,6 @@ def _usage(
     return body
 
 
-# A result names its call by the call's arguments (the guard otherwise gives
-# it to the newest call of its tool without one). Arguments up to this size
-# go with every result; larger ones only when another call of the tool
-# overlapped this one in this client (_Overlaps), so that a large argument
-# is not sent twice for every call, nor a call and its result together past
-# what the guard takes.
-NAMED_UP_TO = 64 * 1024
-
-
-def _named(called: Any, overlapped: bool) -> Any:
-    """The arguments a result names its call by, or None."""
-    if overlapped or len(json.dumps(called)) <= NAMED_UP_TO:
-        return called
-    return None
-
-
-class _Overlaps:
-    """Calls of a tool made through `tool()`, to tell whether one overlapped
-    another call of its tool in this client (NAMED_UP_TO)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()  # GuardClient may be used from threads
-        self._running: dict[str, int] = {}
-        self._started: dict[str, int] = {}
-
-    def start(self, tool: str) -> tuple[int, bool]:
-        with self._lock:
-            busy = self._running.get(tool, 0) > 0
-            self._running[tool] = self._running.get(tool, 0) + 1
-            self._started[tool] = self._started.get(tool, 0) + 1
-            return self._started[tool], busy
-
-    def end(self, tool: str, started: tuple[int, bool]) -> bool:
-        """Whether another call of `tool` ran while this one did."""
-        with self._lock:
-            self._running[tool] -= 1
-            if not self._running[tool]:
-                del self._running[tool]
-            return started[1] or self._started[tool] != started[0]
-
-
 class _Base:
     def __init__(
         self,
@@ -185,7 +181,6 @@ class _Base:
         self.profile = profile
         self.timeout = timeout
         self.fail_open = fail_open
-        self._overlaps = _Overlaps()
 
     def _url(self, op: str | None) -> str:
         url = f"{self.base_url}/v1/guard/{quote(self.session, safe='')}"
@@ -247,6 +242,8 @@ class AsyncGuardClient(_Base):
             status, answer = await self._request("POST", op, body)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             return self._unreachable(exc)
+        if status == 413 and "args" in body and op == "result":
+            return await self._check(op, _unnamed(body))
         return self._answer(status, answer)
 
     async def step(
@@ -304,28 +301,20 @@ class AsyncGuardClient(_Base):
 
             @functools.wraps(fn)
             async def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
+                # The result names its call by its arguments: calls of one
+                # tool may run side by side (_check: unless that is too large).
                 called = _call_args(fn, args, kwargs)
-                started = self._overlaps.start(tool)
-                ended = False
+                answer = await self.step(tool, called)
+                if answer.blocked:
+                    raise GuardBlocked(answer)
                 try:
-                    answer = await self.step(tool, called)
-                    if answer.blocked:
-                        raise GuardBlocked(answer)
-                    try:
-                        out = await fn(*args, **kwargs)
-                    except Exception as exc:
-                        ended = True
-                        named = _named(called, self._overlaps.end(tool, started))
-                        failed = f"{type(exc).__name__}: {exc}"
-                        await self.result(tool, ok=False, output=failed, args=named)
-                        raise
-                    ended = True
-                    named = _named(called, self._overlaps.end(tool, started))
-                    await self.result(tool, ok=True, output=out, args=named)
-                    return out
-                finally:
-                    if not ended:  # blocked, the guard failed, or cancelled
-                        self._overlaps.end(tool, started)
+                    out = await fn(*args, **kwargs)
+                except Exception as exc:
+                    failed = f"{type(exc).__name__}: {exc}"
+                    await self.result(tool, ok=False, output=failed, args=called)
+                    raise
+                await self.result(tool, ok=True, output=out, args=called)
+                return out
 
             return guarded
 
@@ -364,6 +353,8 @@ class GuardClient(_Base):
             status, answer = self._request("POST", op, body)
         except (urllib.error.URLError, OSError, ValueError) as exc:
             return self._unreachable(exc)
+        if status == 413 and "args" in body and op == "result":
+            return self._check(op, _unnamed(body))
         return self._answer(status, answer)
 
     def step(self, tool: str, args: Any = None, input_tokens: int | None = None) -> GuardAnswer:
@@ -417,28 +408,20 @@ class GuardClient(_Base):
 
             @functools.wraps(fn)
             def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
+                # The result names its call by its arguments: calls of one
+                # tool may run side by side (_check: unless that is too large).
                 called = _call_args(fn, args, kwargs)
-                started = self._overlaps.start(tool)
-                ended = False
+                answer = self.step(tool, called)
+                if answer.blocked:
+                    raise GuardBlocked(answer)
                 try:
-                    answer = self.step(tool, called)
-                    if answer.blocked:
-                        raise GuardBlocked(answer)
-                    try:
-                        out = fn(*args, **kwargs)
-                    except Exception as exc:
-                        ended = True
-                        named = _named(called, self._overlaps.end(tool, started))
-                        failed = f"{type(exc).__name__}: {exc}"
-                        self.result(tool, ok=False, output=failed, args=named)
-                        raise
-                    ended = True
-                    named = _named(called, self._overlaps.end(tool, started))
-                    self.result(tool, ok=True, output=out, args=named)
-                    return out
-                finally:
-                    if not ended:  # blocked, the guard failed, or cancelled
-                        self._overlaps.end(tool, started)
+                    out = fn(*args, **kwargs)
+                except Exception as exc:
+                    failed = f"{type(exc).__name__}: {exc}"
+                    self.result(tool, ok=False, output=failed, args=called)
+                    raise
+                self.result(tool, ok=True, output=out, args=called)
+                return out
 
             return guarded
 

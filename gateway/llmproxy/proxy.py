@@ -123,6 +123,9 @@ def _tails(raw_path: str, prefix: str) -> tuple[str, str] | None:
     return decoded, "/" + "/".join(kept)
 
 
+HELD_AT_MOST = 1 << 20  # a background request's whole answer, held until it is kept
+
+
 class _Opened:
     """Called once with a background response's id, as soon as it is read."""
 
@@ -339,7 +342,7 @@ class LlmProxy:
                 # Kept as soon as its id is read (a stream that drops is resumed
                 # by a fetch that may come before this request's end), counted
                 # once whether this answer or a fetch brings it finished.
-                opening = dialect.opening(body) if session is None else None
+                opening = digest(dialect.opening(body)) if session is None else ""
                 pending = sessions.Pending(session, dialect.model(body), digest(credential),
                                            opening, [])  # fmt: skip
             opened = self._opened(dialect, body, pending) if pending is not None else None
@@ -661,16 +664,31 @@ class LlmProxy:
         if not 200 <= upstream.status < 300:
             tap = None  # an error passes through as it is
         await out.prepare(request)
+        # A background response is kept before the agent has its id (it may
+        # fetch it through another replica at once): a stream's events after
+        # its first is read, a whole answer (small: queued) once it is read.
+        held: list[bytes] | None = [] if opened is not None and tap is not None else None
         try:
             async for chunk in upstream.content.iter_any():
                 passed = tap.feed(chunk) if tap is not None else chunk
-                if passed:
-                    await out.write(passed)
                 if opened is not None and tap is not None and tap.opened is not None:
                     await opened(tap.opened)  # a background response's id, read
                     opened = None
+                if held is not None and opened is not None and isinstance(tap, WholeTap):
+                    held.append(passed)
+                    if sum(map(len, held)) <= HELD_AT_MOST:
+                        continue
+                    opened = None  # no queued answer: an upstream that ignored background
+                if held:
+                    passed, held = b"".join(held) + passed, None
+                if passed:
+                    await out.write(passed)
             if tap is not None:
                 rest = tap.done()
+                if opened is not None and tap.continuable is not None:
+                    await opened(tap.continuable[0])
+                if held:
+                    rest = b"".join(held) + rest
                 if rest:
                     await out.write(rest)
             await out.write_eof()

@@ -54,11 +54,13 @@ def given(value: str | None) -> str | None:
 
 
 def fingerprint(dialect: Dialect, body: Json, credential: str, anchor: str | None) -> str | None:
-    # The credential is never kept or sent: only its digest enters the fingerprint.
-    return fingerprint_of(dialect.name, digest(credential), dialect.opening(body), anchor)
+    # Neither the credential nor the opening is kept: only their digests,
+    # which is all the fingerprint takes (Background keeps them for a while).
+    return fingerprint_of(dialect.name, digest(credential), digest(dialect.opening(body)), anchor)
 
 
-def fingerprint_of(api: str, key: str, opening: Any, anchor: str | None) -> str | None:
+def fingerprint_of(api: str, key: str, opening: str, anchor: str | None) -> str | None:
+    """From the digests of the credential (`key`) and of the opening."""
     if anchor is None:
         return None
     return PREFIX + digest(api, key, opening, anchor)[:40]
@@ -196,7 +198,7 @@ class Pending:
     session: str | None
     model: str
     key: str  # digest of the credential, when session is None
-    opening: Any
+    opening: str  # digest of the conversation's opening, when session is None
     chains: list[str]  # the keys requests continuing it name it by (Chains)
 
 
@@ -227,7 +229,7 @@ class Background:
             session, model, key, opening, chains = json.loads(raw) if raw else [None] * 5
         except (ValueError, TypeError):
             return None
-        if not isinstance(model, str) or not isinstance(key, str):
+        if not isinstance(model, str) or not isinstance(key, str) or not isinstance(opening, str):
             return None
         session = session if isinstance(session, str) else None
         return Pending(session, model, key, opening, _keys(chains))
