@@ -325,6 +325,46 @@ async def test_two_clients_of_one_session_each_get_their_own_results(async_url: 
     assert len({c["result"] for c in state["recent_calls"]} - {None}) == 2
 
 
+class RaisingStr:
+    def __str__(self) -> str:
+        raise RuntimeError("no str for me")
+
+
+def test_what_the_guard_cannot_read_never_costs_a_tools_answer(threaded_url: str) -> None:
+    # Breaks if a value whose __str__ raises, an output nested deeper than
+    # the guard reads (a parse tree), or a NaN makes the decorator raise: the
+    # tool never ran, or ran and its caller lost what it returned.
+    guard = GuardClient(threaded_url, session="unreadable")
+    deep: Any = "leaf"
+    for _ in range(70):
+        deep = [deep]
+
+    @guard.tool()
+    def tool(given: Any, out: Any) -> Any:
+        return out
+
+    for given, out in ((RaisingStr(), "ok"), ("x", deep), ("y", float("nan"))):
+        assert tool(given, out) is out
+    odd = RaisingStr()
+    assert tool("z", odd) is odd
+    state = guard.state()
+    assert state is not None and state["steps"] == 4
+
+
+@pytest.mark.timeout(20)
+def test_values_that_hold_themselves_are_written_at_once() -> None:
+    # Breaks if a value that holds itself is walked to a fixed depth without
+    # noting where it has been: holding itself twice, or a tree whose
+    # children point to their parent, took hours.
+    twice: list[Any] = []
+    twice += [twice, twice]
+    root: dict[str, Any] = {"name": "root", "children": []}
+    root["children"] += [{"name": f"c{i}", "parent": root} for i in range(10)]
+    assert client_module._jsonable(twice) == ["...", "..."]
+    written = client_module._jsonable({"node": root})
+    assert [c["parent"] for c in written["node"]["children"]] == ["..."] * 10
+
+
 def test_the_client_file_alone_runs_on_a_bare_python(threaded_url: str, tmp_path: Path) -> None:
     """gateway/guard/client.py copied alone next to an agent, run by a Python
     with no site packages at all (-S -E -s: no aiohttp, no botbouncer): the sync

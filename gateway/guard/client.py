@@ -82,41 +82,82 @@ class GuardError(Exception):
     """The guard refused the request (bad input, profile conflict) or is unreachable."""
 
 
+# The guard reads bodies nested up to 64 levels; a call's arguments and a
+# result's output sit two levels down. Deeper values are cut short here, as
+# are values that hold themselves, so that a tool's data never makes the
+# guard refuse its call or its result.
+MAX_DEPTH = 48
+MAX_NODES = 100_000  # containers and values walked when json cannot write a value
+
+
 def _jsonable(value: Any) -> Any:
     """Arguments and outputs as JSON; what JSON cannot hold becomes its str():
     an object, a key that is no string or number (a tuple), a value that
-    holds itself, an integer too long to print."""
+    holds itself, an integer too long to print, a `__str__` that raises."""
     try:
-        return json.loads(json.dumps(value, default=str))
-    except (TypeError, ValueError, RecursionError):
-        return _walked(value, 0)
+        out = json.loads(json.dumps(value, default=str))
+    except Exception:  # default=str may raise anything (a __str__ that fails)
+        return _Walk().value(value, 0)
+    return _Walk().value(out, 0) if _deeper(out, MAX_DEPTH) else out
 
 
-def _walked(value: Any, depth: int) -> Any:
-    if depth > 32:  # a value that holds itself ends here, well within what the guard reads
-        return "..."
-    if isinstance(value, dict):
-        return {_key(k): _walked(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        return [_walked(v, depth + 1) for v in value]
-    if value is None or isinstance(value, str | bool | float):
-        return value
-    if isinstance(value, int):
-        return value if value.bit_length() <= 4096 else f"<an integer of {value.bit_length()} bits>"
-    try:
-        return str(value)
-    except Exception:  # any __str__ may raise
-        return f"<{type(value).__name__}>"
+def _deeper(value: Any, limit: int) -> bool:
+    """Whether JSON `value` holds containers more than `limit` levels deep."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item
+        if not isinstance(item, dict | list):
+            continue
+        if depth >= limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
-def _key(key: Any) -> str:
-    """A key as JSON writes one (`1`, `true`, `null`), or its str()."""
-    if isinstance(key, str):
-        return key
-    if key is None or isinstance(key, bool):
-        return json.dumps(key)
-    walked = _walked(key, 0)
-    return walked if isinstance(walked, str) else str(walked)
+class _Walk:
+    """A value as JSON, by hand: at most MAX_DEPTH levels and MAX_NODES items,
+    a container met again inside itself written as "..."."""
+
+    def __init__(self) -> None:
+        self.path: set[int] = set()
+        self.left = MAX_NODES
+
+    def value(self, value: Any, depth: int) -> Any:
+        self.left -= 1
+        if depth >= MAX_DEPTH or self.left < 0:
+            return "..."
+        if isinstance(value, dict | list | tuple | set | frozenset):
+            if id(value) in self.path:
+                return "..."
+            self.path.add(id(value))
+            try:
+                if isinstance(value, dict):
+                    return {self.key(k): self.value(v, depth + 1) for k, v in value.items()}
+                return [self.value(v, depth + 1) for v in value]
+            finally:
+                self.path.discard(id(value))
+        if value is None or isinstance(value, str | bool | float):
+            return value
+        if isinstance(value, int):
+            return (
+                value
+                if value.bit_length() <= 4096
+                else f"<an integer of {value.bit_length()} bits>"
+            )
+        try:
+            return str(value)
+        except Exception:  # any __str__ may raise anything
+            return f"<{type(value).__name__}>"
+
+    def key(self, key: Any) -> str:
+        """A key as JSON writes one (`1`, `true`, `null`), or its str()."""
+        if isinstance(key, str):
+            return key
+        if key is None or isinstance(key, bool):
+            return json.dumps(key)
+        walked = self.value(key, MAX_DEPTH - 2)
+        return walked if isinstance(walked, str) else json.dumps(walked)
 
 
 def _call_args(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

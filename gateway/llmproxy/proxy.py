@@ -679,8 +679,8 @@ class LlmProxy:
                     if sum(map(len, held)) <= HELD_AT_MOST:
                         continue
                     opened = None  # no queued answer: an upstream that ignored background
-                if held:
-                    passed, held = b"".join(held) + passed, None
+                if held:  # held past HELD_AT_MOST (this chunk with them): out they go
+                    passed, held = b"".join(held), None
                 if passed:
                     await out.write(passed)
             if tap is not None:

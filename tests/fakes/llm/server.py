@@ -29,6 +29,7 @@ class FakeLLM:
         self.background: dict[str, dict[str, object]] = {}
         self.background_polls = 0
         self.background_stream_seconds = 0.0
+        self.background_ignored = False  # as servers that answer every request at once
         self._polled: dict[str, int] = {}
         self._stopping = asyncio.Event()
         self._runner: web.AppRunner | None = None
@@ -150,6 +151,8 @@ class FakeLLM:
         except ValueError:
             body = None
         if not isinstance(body, dict) or body.get("background") is not True:
+            return await self._model_call(request, "responses")
+        if self.background_ignored:
             return await self._model_call(request, "responses")
         # Background: the answer written at once, kept to be fetched
         # (GET /v1/responses/<id>); answered queued, or streamed: created at
