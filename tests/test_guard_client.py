@@ -365,6 +365,30 @@ def test_values_that_hold_themselves_are_written_at_once() -> None:
     assert [c["parent"] for c in written["node"]["children"]] == ["..."] * 10
 
 
+def test_values_json_cannot_write_keep_what_tells_them_apart(threaded_url: str) -> None:
+    # Breaks if a key is walked as if it sat deep (segments keyed by pairs
+    # of points all became one key, and three different calls one identical
+    # call, blocked), if a value nested too deep loses its wide siblings, or
+    # if one unwritable item costs the rest of a long list.
+    segments = {((0, 0), (1, 1)): 5, ((2, 2), (3, 3)): 7}
+    assert len(client_module._jsonable(segments)) == 2
+    guard = GuardClient(threaded_url, session="segments", profile="strict")  # blocks the 2nd
+
+    @guard.tool()
+    def route(costs: dict[Any, int]) -> str:
+        return "ok"
+
+    for trip in ((("paris", "lyon"), ("rome", "milan")), (("oslo", "bergen"), ("lima", "cusco"))):
+        assert route({trip: 1}) == "ok"
+    deep: Any = "leaf"
+    for _ in range(60):
+        deep = [deep]
+    doc = {"rows": list(range(150_000)), "tree": deep}
+    assert client_module._jsonable(doc)["rows"] == doc["rows"]
+    rows: list[Any] = [*range(150_000), {(1, 2): 3}]
+    assert client_module._jsonable(rows)[:150_000] == rows[:150_000]
+
+
 def test_the_client_file_alone_runs_on_a_bare_python(threaded_url: str, tmp_path: Path) -> None:
     """gateway/guard/client.py copied alone next to an agent, run by a Python
     with no site packages at all (-S -E -s: no aiohttp, no botbouncer): the sync

@@ -87,7 +87,9 @@ class GuardError(Exception):
 # are values that hold themselves, so that a tool's data never makes the
 # guard refuse its call or its result.
 MAX_DEPTH = 48
-MAX_NODES = 100_000  # containers and values walked when json cannot write a value
+# Items walked by hand at most (about what fits the guard's 8 MiB), when json
+# cannot write a value as it is.
+MAX_NODES = 4_000_000
 
 
 def _jsonable(value: Any) -> Any:
@@ -95,37 +97,51 @@ def _jsonable(value: Any) -> Any:
     an object, a key that is no string or number (a tuple), a value that
     holds itself, an integer too long to print, a `__str__` that raises."""
     try:
-        out = json.loads(json.dumps(value, default=str))
+        text = json.dumps(value, default=str)
     except Exception:  # default=str may raise anything (a __str__ that fails)
-        return _Walk().value(value, 0)
-    return _Walk().value(out, 0) if _deeper(out, MAX_DEPTH) else out
+        return _Walk(MAX_NODES).value(value, 0)
+    out = json.loads(text)
+    if _deeper(text.encode(), MAX_DEPTH):
+        return _Walk(None).value(out, 0)  # a JSON tree: only its depth to cut
+    return out
 
 
-def _deeper(value: Any, limit: int) -> bool:
-    """Whether JSON `value` holds containers more than `limit` levels deep."""
-    stack = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item
-        if not isinstance(item, dict | list):
-            continue
-        if depth >= limit:
-            return True
-        stack.extend((child, depth + 1) for child in children)
-    return False
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_BRACKETS = bytes.maketrans(b"{}", b"[]")
+
+
+def _deeper(text: bytes, limit: int) -> bool:
+    """Whether a JSON text (ASCII, as json.dumps writes it) nests containers
+    more than `limit` levels deep. gateway/guard/normalize.py's
+    text_depth_over, copied: this file runs on the standard library alone.
+    Every step is a bytes method: far cheaper than walking the value."""
+    if text.count(b"[") + text.count(b"{") <= limit:
+        return False
+    # Outside strings only: with escaped backslashes and quotes gone, every
+    # quote left opens or closes a string.
+    text = text.replace(b"\\\\", b"").replace(b'\\"', b"")
+    text = b"".join(text.split(b'"')[::2]).translate(_BRACKETS, _NOT_BRACKETS)
+    for _ in range(limit):  # each pass removes the innermost level
+        if not text:
+            return False
+        text = text.replace(b"[]", b"")
+    return bool(text)
 
 
 class _Walk:
-    """A value as JSON, by hand: at most MAX_DEPTH levels and MAX_NODES items,
-    a container met again inside itself written as "..."."""
+    """A value as JSON, by hand: at most MAX_DEPTH levels and `nodes` items
+    (None: any number), a container met again inside itself written as "..."."""
 
-    def __init__(self) -> None:
+    def __init__(self, nodes: int | None) -> None:
         self.path: set[int] = set()
-        self.left = MAX_NODES
+        self.left = nodes
 
     def value(self, value: Any, depth: int) -> Any:
-        self.left -= 1
-        if depth >= MAX_DEPTH or self.left < 0:
+        if self.left is not None:
+            self.left -= 1
+            if self.left < 0:
+                return "..."
+        if depth >= MAX_DEPTH:
             return "..."
         if isinstance(value, dict | list | tuple | set | frozenset):
             if id(value) in self.path:
@@ -156,7 +172,7 @@ class _Walk:
             return key
         if key is None or isinstance(key, bool):
             return json.dumps(key)
-        walked = self.value(key, MAX_DEPTH - 2)
+        walked = self.value(key, 0)  # written as a string: its own depth is no JSON depth
         return walked if isinstance(walked, str) else json.dumps(walked)
 
 
