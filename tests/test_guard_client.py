@@ -5,6 +5,7 @@ one, their tool decorators, failing open, and errors that name the problem."""
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import subprocess
 import sys
@@ -387,6 +388,31 @@ def test_values_json_cannot_write_keep_what_tells_them_apart(threaded_url: str) 
     assert client_module._jsonable(doc)["rows"] == doc["rows"]
     rows: list[Any] = [*range(150_000), {(1, 2): 3}]
     assert client_module._jsonable(rows)[:150_000] == rows[:150_000]
+
+
+def test_a_value_written_by_hand_is_what_json_writes_but_for_what_it_cuts() -> None:
+    # Breaks if the hand-written JSON (a tuple key, or a deep sibling, sends
+    # the whole value there) differs from json's where nothing needs
+    # cutting: the leaves of the 48th level, an integer of 5,000 bits (and
+    # two such keys then one), a set. The same arguments then had another
+    # signature for an unrelated reason.
+    def nest(levels: int, leaf: Any) -> Any:
+        for _ in range(levels):
+            leaf = [leaf]
+        return leaf
+
+    def plain(value: Any) -> Any:
+        return json.loads(json.dumps(value, default=str))
+
+    ok = {
+        "ok": nest(47, 7),
+        "big": 2**5000,
+        "set": {1, 2},
+        "keys": {2**5000: "a", 2**5000 + 1: "b"},
+    }
+    for beside in ({"deep": nest(60, 0)}, {"odd": {(1,): "c"}}):
+        written = client_module._jsonable({**ok, **beside})
+        assert {k: written[k] for k in ok} == plain(ok), beside
 
 
 def test_the_client_file_alone_runs_on_a_bare_python(threaded_url: str, tmp_path: Path) -> None:

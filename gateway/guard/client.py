@@ -87,8 +87,10 @@ class GuardError(Exception):
 # are values that hold themselves, so that a tool's data never makes the
 # guard refuse its call or its result.
 MAX_DEPTH = 48
-# Items walked by hand at most (about what fits the guard's 8 MiB), when json
-# cannot write a value as it is.
+# Items walked by hand at most when json cannot write a value as it is: a
+# bound on the time a value whose parts share parts may take (its JSON may
+# still be more than the guard takes: a result is then sent without its
+# call's arguments, a step allowed unchecked, as any too-large body).
 MAX_NODES = 4_000_000
 
 
@@ -129,8 +131,9 @@ def _deeper(text: bytes, limit: int) -> bool:
 
 
 class _Walk:
-    """A value as JSON, by hand: at most MAX_DEPTH levels and `nodes` items
-    (None: any number), a container met again inside itself written as "..."."""
+    """A value as JSON, by hand, as json.dumps(default=str) writes it, but
+    for containers at most MAX_DEPTH levels deep and `nodes` items (None: any
+    number); a container met again inside itself is written "..."."""
 
     def __init__(self, nodes: int | None) -> None:
         self.path: set[int] = set()
@@ -141,10 +144,8 @@ class _Walk:
             self.left -= 1
             if self.left < 0:
                 return "..."
-        if depth >= MAX_DEPTH:
-            return "..."
-        if isinstance(value, dict | list | tuple | set | frozenset):
-            if id(value) in self.path:
+        if isinstance(value, dict | list | tuple):  # a set is its str(), as json's default
+            if depth >= MAX_DEPTH or id(value) in self.path:
                 return "..."
             self.path.add(id(value))
             try:
@@ -156,11 +157,11 @@ class _Walk:
         if value is None or isinstance(value, str | bool | float):
             return value
         if isinstance(value, int):
-            return (
-                value
-                if value.bit_length() <= 4096
-                else f"<an integer of {value.bit_length()} bits>"
-            )
+            try:
+                int.__repr__(value)  # what json writes it with: past 4,300 digits, an error
+            except ValueError:
+                return f"<an integer of {value.bit_length()} bits>"
+            return value
         try:
             return str(value)
         except Exception:  # any __str__ may raise anything
