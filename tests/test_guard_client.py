@@ -415,6 +415,42 @@ def test_a_value_written_by_hand_is_what_json_writes_but_for_what_it_cuts() -> N
         assert {k: written[k] for k in ok} == plain(ok), beside
 
 
+async def test_a_guard_older_than_named_results_takes_them_unnamed() -> None:
+    # Breaks if a result a 0.1.0 guard refuses for its `args` (400 "args:
+    # unknown field") is not sent again without them: a client copied into
+    # an agent beside an older daemon lost every tool's output to a
+    # GuardError after the tool ran.
+    bodies: list[dict[str, Any]] = []
+
+    async def old_guard(request: web.Request) -> web.Response:
+        body = await request.json()
+        bodies.append(body)
+        if request.match_info["op"] == "result" and "args" in body:
+            return web.json_response({"error": "args: unknown field"}, status=400)
+        return web.json_response({"session": "old", "decision": "allow", "reason": "ok",
+                                  "message": "Go ahead.", "evidence": {}, "also": [],
+                                  "budget": {}, "steps": {"used": 1, "max": 50}})  # fmt: skip
+
+    app = web.Application()
+    app.router.add_post("/v1/guard/{session}/{op}", old_guard)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        async with AsyncGuardClient(f"http://127.0.0.1:{port}", session="old",
+                                    fail_open=False) as guard:  # fmt: skip
+
+            @guard.tool()
+            async def search(q: str) -> str:
+                return f"found {q}"
+
+            assert await search("tides") == "found tides"
+    finally:
+        await runner.cleanup()
+    assert ["args" in b for b in bodies] == [True, True, False]  # step, result, result again
+
+
 def test_the_client_file_alone_runs_on_a_bare_python(threaded_url: str, tmp_path: Path) -> None:
     """gateway/guard/client.py copied alone next to an agent, run by a Python
     with no site packages at all (-S -E -s: no aiohttp, no botbouncer): the sync

@@ -194,8 +194,10 @@ def _step(tool: str, args: Any, input_tokens: int | None) -> dict[str, Any]:
 
 
 def _unnamed(body: dict[str, Any]) -> dict[str, Any]:
-    """A result too large for the guard with its call's arguments, without
-    them: the guard gives it to the newest call of its tool without one."""
+    """A result the guard did not take with its call's arguments, without
+    them: too large together (413), or a guard older than `args` (0.1.0,
+    400 "args: unknown field"). It gives the result to the newest call of
+    its tool without one."""
     return {k: v for k, v in body.items() if k != "args"}
 
 
@@ -300,7 +302,7 @@ class AsyncGuardClient(_Base):
             status, answer = await self._request("POST", op, body)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             return self._unreachable(exc)
-        if status == 413 and "args" in body and op == "result":
+        if status in (400, 413) and "args" in body and op == "result":
             return await self._check(op, _unnamed(body))
         return self._answer(status, answer)
 
@@ -411,7 +413,7 @@ class GuardClient(_Base):
             status, answer = self._request("POST", op, body)
         except (urllib.error.URLError, OSError, ValueError) as exc:
             return self._unreachable(exc)
-        if status == 413 and "args" in body and op == "result":
+        if status in (400, 413) and "args" in body and op == "result":
             return self._check(op, _unnamed(body))
         return self._answer(status, answer)
 
