@@ -665,29 +665,31 @@ class LlmProxy:
             tap = None  # an error passes through as it is
         await out.prepare(request)
         # A background response is kept before the agent has its id (it may
-        # fetch it through another replica at once): a stream's events after
-        # its first is read, a whole answer (small: queued) once it is read.
-        held: list[bytes] | None = [] if opened is not None and tap is not None else None
+        # fetch it through another replica at once): a stream's events once
+        # its first is read; a whole answer (small: queued) is held until it
+        # is read whole. Past HELD_AT_MOST it is no queued answer (an upstream
+        # that ignored `background`): it goes on, kept after (_model_call).
+        held: list[bytes] | None = [] if opened is not None and isinstance(tap, WholeTap) else None
+        size = 0
         try:
             async for chunk in upstream.content.iter_any():
                 passed = tap.feed(chunk) if tap is not None else chunk
                 if opened is not None and tap is not None and tap.opened is not None:
-                    await opened(tap.opened)  # a background response's id, read
+                    await opened(tap.opened)  # a stream's first event: the id, read
                     opened = None
-                if held is not None and opened is not None and isinstance(tap, WholeTap):
+                if held is not None:
                     held.append(passed)
-                    if sum(map(len, held)) <= HELD_AT_MOST:
+                    size += len(passed)
+                    if size <= HELD_AT_MOST:
                         continue
-                    opened = None  # no queued answer: an upstream that ignored background
-                if held:  # held past HELD_AT_MOST (this chunk with them): out they go
                     passed, held = b"".join(held), None
                 if passed:
                     await out.write(passed)
             if tap is not None:
                 rest = tap.done()
-                if opened is not None and tap.continuable is not None:
-                    await opened(tap.continuable[0])
-                if held:
+                if held is not None:
+                    if opened is not None and tap.continuable is not None:
+                        await opened(tap.continuable[0])
                     rest = b"".join(held) + rest
                 if rest:
                     await out.write(rest)

@@ -385,6 +385,13 @@ class RedisStore:
         trips with concurrent calls (the agent guard's scripts use this)."""
         return await self._run(script, keys, args)
 
+    def _deadline(self) -> int | None:
+        """When a call made now is given up, in Redis's time (None: no bound,
+        or Redis's clock not sampled yet)."""
+        if self._call_timeout_ms is None:
+            return None
+        return self.clock.deadline(time.time() * 1000, self._call_timeout_ms)
+
     def keys(self, chat: str) -> ChatKeys:
         return ChatKeys(self.prefix, chat)
 
@@ -418,11 +425,9 @@ class RedisStore:
     async def admit(self, req: AdmitRequest) -> AdmitResult:
         keys = self.keys(req.msg.chat)
         args = self._args(req, req.msg.count, req.bot)
-        if self._call_timeout_ms is not None:
-            # Past the time this call gives up, Redis refuses it unrun (common.lua)
-            deadline = self.clock.deadline(time.time() * 1000, self._call_timeout_ms)
-            if deadline is not None:
-                args[9] = deadline
+        deadline = self._deadline()  # past it, Redis refuses the call unrun (common.lua)
+        if deadline is not None:
+            args[9] = deadline
         args += [req.local_reason.value if req.local_reason else "",
                  1 if req.author_is_bot else 0, req.context,
                  hold_name(req.bot, req.msg.message_id), req.hold_ms]  # fmt: skip
@@ -537,15 +542,13 @@ class RedisStore:
         await self._change(chat, "pause", changed, "" if paused else "paused")
 
     async def set_overrides(self, chat: str, overrides: Overrides, merge: bool = False) -> None:
-        values = [x for kv in overrides.as_dict().items() for x in (kv[0], kv[1])]
+        values = [x for kv in overrides.as_dict().items() for x in kv]
         await self._change(chat, "overrides", values, "" if merge else " ".join(_OVERRIDE_FIELDS))
 
     async def _change(self, chat: str, what: str, values: Sequence[Any], deleted: str) -> None:
         """A chat's settings changed in one script call (settings.lua): all of
         it or nothing, and nothing once its caller has given up on it."""
-        deadline = None
-        if self._call_timeout_ms is not None:
-            deadline = self.clock.deadline(time.time() * 1000, self._call_timeout_ms)
+        deadline = self._deadline()
         args = ["" if deadline is None else deadline, self._settings_ttl, deleted, *values]
         with failing(what):
             out = await self._run(self._settings, [self.keys(chat).cfg], args)
