@@ -32,7 +32,8 @@ What is proven:
 - over streamable HTTP: the same block at the 4th call, progress through the
   proxy's SSE relay, the same tools/list, one guard session per MCP session.
 - the client configuration in docs/mcp-proxy.md starts every proxy it
-  lists, with the proxy file the docs show;
+  lists, with the proxy file the docs show, whose profile lets an editor's
+  long session call a tool more than the default step ceilings allow;
 - a proxy whose Redis is killed or frozen mid-session goes on answering
   (a frozen one costs one timeout) and guarding from its own memory.
 
@@ -61,6 +62,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, TextContent
 
+from gateway.config import parse_config
 from gateway.guard.engine import RedisEngine, engine_for
 from gateway.guard.profiles import GuardConfig
 from gateway.guard.service import Guard
@@ -852,6 +854,22 @@ async def test_the_client_configuration_in_the_docs_starts_every_proxy(tmp_path:
                               stderr=tmp_path / "alone.err")  # fmt: skip
     assert await asyncio.wait_for(alone.wait(), CALL_TIMEOUT) == 2
     assert "no profile named 'coding' (profiles: default)" in contents(tmp_path / "alone.err")
+
+
+async def test_the_docs_proxy_file_lets_a_long_editor_session_run() -> None:
+    # Breaks if the docs' proxy file (the one their client configuration
+    # gives with -c) keeps the default step ceilings: its profile applies as
+    # written, and an editor's 26th call of one tool was blocked.
+    config = parse_config(next(b for b in doc_blocks("yaml") if "mcp_proxy:" in b), env={})
+    assert config.mcp_proxy is not None
+    guard = Guard(config.guard, engine_for(open_store("memory://")))
+    calls = ToolCalls(guard, "editor", config.mcp_proxy.profile)
+    for rid in range(60):
+        message = parse(call_line(rid, f"where is function number {rid} defined"))
+        assert message is not None
+        assert await calls.from_client(message) is None, rid
+        await calls.from_server_raw(answer_line(rid, f"in module {rid}"))
+        await calls.settle()
 
 
 # -- 6. one session across proxies --------------------------------------------------

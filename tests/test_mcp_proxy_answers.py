@@ -1,8 +1,9 @@
 """What the MCP proxy reads of a call and its answers beyond the plain
 request and CallToolResult: the protocol's multi-round tool calls, failures,
-results the SDK's types refuse, and over HTTP redirects, ended sessions and
-SSE events. Each test here was a legitimate call stopped, a warning lost or
-a call let past the guard, before the fix it names."""
+results the SDK's types refuse, and over HTTP redirects, ended sessions, SSE
+events and answers refused or broken off. Each test here was a legitimate
+call stopped, a warning lost or a call let past the guard, before the fix it
+names."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import sys
 from typing import Any
 
@@ -284,6 +286,89 @@ async def test_a_call_the_server_refused_with_an_http_error_is_not_held() -> Non
             [calls] = proxy._calls.values()
             await calls.settle()
             assert not calls.pending
+
+
+async def test_a_call_the_server_refuses_with_an_http_error_is_a_failure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Breaks if a call refused with an HTTP error is forgotten: it had no
+    # result, so the guard took its repeats for identical calls that "got
+    # nothing new" and blocked the third with that message, no warning
+    # first, for an agent retrying a server that answered 503. Each is a
+    # failed result naming the status (the failure rules stop the fourth);
+    # the client still gets the server's own status and body, and a
+    # JSON-RPC error the server did give is the result, not the status.
+    calls = guarded()
+    recorded: list[dict[str, Any]] = []
+    result = calls.guard.result
+
+    async def spy(session: str, body: dict[str, Any], profile: str | None = None) -> Any:
+        recorded.append(body)
+        return await result(session, body, profile)
+
+    monkeypatch.setattr(calls.guard, "result", spy)
+
+    async def refuse(request: web.Request) -> web.Response:
+        got = await request.json()
+        if got["params"]["name"] == "strict":
+            error = {"jsonrpc": "2.0", "id": got["id"], "error": {"code": -32602, "message": "no"}}
+            return web.json_response(error, status=400)
+        return web.Response(status=503, text="upstream overloaded")
+
+    app = web.Application()
+    app.router.add_post("/mcp", refuse)
+    out = []
+    async with TestServer(app) as upstream:
+        proxy = HttpProxy(str(upstream.make_url("/mcp")), lambda _: calls)
+        async with TestClient(TestServer(proxy.app)) as client:
+            headers = {"Mcp-Session-Id": "abc"}
+            for rid in (1, 2, 3, 4):
+                async with client.post("/mcp", data=request(rid, "search", {"q": "x"}),
+                                       headers=headers) as resp:  # fmt: skip
+                    out.append((resp.status, await resp.text()))
+            async with client.post("/mcp", data=request(5, "strict"), headers=headers) as resp:
+                assert resp.status == 400 and (await resp.json())["error"]["message"] == "no"
+            await calls.settle()
+            assert not calls.pending
+    assert out[:3] == [(503, "upstream overloaded")] * 3
+    assert out[3][0] == 200 and "has failed the same way 3 times" in out[3][1]
+    refused = (False, "the MCP server answered HTTP 503 Service Unavailable")
+    assert [(r["ok"], r["output"]) for r in recorded] == [refused] * 3 + [(False, "no")]
+
+
+async def test_an_answer_the_server_breaks_off_is_a_502_and_a_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Breaks if a JSON answer the server breaks off mid-body is read
+    # unguarded: the client got a 500 and the log a traceback. It is
+    # answered as a server that is down is (a 502, a JSON-RPC error by id,
+    # a failed result), with a WARNING line.
+    async def broken(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = re.search(rb"(?i)content-length: *(\d+)", head)
+        await reader.readexactly(int(length[1]) if length else 0)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                     b'Content-Length: 1000\r\n\r\n{"jsonrpc": "2.0", ')  # fmt: skip
+        await writer.drain()
+        writer.close()  # 19 bytes of 1000
+
+    upstream = await asyncio.start_server(broken, "127.0.0.1", 0)
+    port = upstream.sockets[0].getsockname()[1]
+    calls = guarded()
+    proxy = HttpProxy(f"http://127.0.0.1:{port}/mcp", lambda _: calls)
+    async with upstream, TestClient(TestServer(proxy.app)) as client:
+        with caplog.at_level(logging.WARNING):
+            line = request(1, "search", {"q": "x"})
+            async with client.post("/mcp", data=line, headers={"Mcp-Session-Id": "abc"}) as resp:
+                assert resp.status == 502
+                got = await resp.json()
+        await calls.settle()
+    assert got["id"] == 1 and "broke off its answer" in got["error"]["message"]
+    assert "mcp proxy: the server broke off its answer" in caplog.text
+    assert not [r for r in caplog.records if r.exc_info or r.levelno > logging.WARNING]
+    state = await calls.guard.state("odd")
+    assert state is not None and state["tools"]["search"]["failure_streak"] == 1
+    assert not calls.pending
 
 
 async def test_a_batch_to_a_server_that_is_down_keeps_the_answers_given_here() -> None:

@@ -311,11 +311,14 @@ class ToolCalls:
         return any(p.step is not None and p.step.decision == "warn" for p in self.pending.values())
 
     async def _relayed(self, raw: bytes, scope: Scope) -> None:
-        """Record what an answer relayed unread holds (from_server_raw)."""
-        for message in _messages(raw):
-            taken = self._take(message, scope) if message is not None else None
-            if taken is not None:
-                await self._result(taken[1])
+        """Record what an answer relayed unread holds (from_server_raw). Every
+        call it answers is taken before any is recorded: an answer relayed
+        after it (the proxy's failure for the calls of a refused request)
+        finds only the calls this one did not answer."""
+        taken = [self._take(m, scope) if m is not None else None for m in _messages(raw)]
+        for answer in taken:
+            if answer is not None:
+                await self._result(answer[1])
 
     def _take(
         self, message: mcp.JSONRPCMessage, scope: Scope
@@ -406,8 +409,10 @@ class ToolCalls:
         self._track(forget())
 
     def unanswered(self, raw: bytes, scope: Scope) -> None:
-        """The calls of a request whose answers cannot come (the server
-        refused it with an HTTP error, or could not be reached): forgotten."""
+        """The calls of a request whose answers cannot come (its exchange
+        was cut short; or the server refused it, or could not be reached, and
+        the failure recorded for it named no call, an id it could not read):
+        forgotten."""
         ids = [m.id for m in _messages(raw) if isinstance(m, mcp.JSONRPCRequest)]
         if any((scope, rid) in self.pending for rid in ids):
             self.forget(scope, ids)

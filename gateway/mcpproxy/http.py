@@ -8,6 +8,10 @@ the answers to tool calls - a JSON body, or a message of an SSE stream - are
 guard results. SSE streams pass event by event, each as the bytes it came
 as unless a warning is added to it. A guard session is one MCP session (the
 `Mcp-Session-Id` the server gave), unless --session names one for all.
+
+A call the server refuses (an HTTP error), cannot take (unreachable) or
+whose answer it breaks off is a failed result, as a JSON-RPC error is: an
+agent repeating it meets the failure rules, not "nothing new".
 """
 
 from __future__ import annotations
@@ -38,6 +42,10 @@ log = logging.getLogger("botbouncer.mcp_proxy")
 MAX_BODY = 32 * 1024 * 1024
 MAX_SESSIONS = 10_000
 MAX_REDIRECTS = 3
+# How often a stream's relay looks whether its client is still there: aiohttp
+# says so only when the relay next writes to it, and a stream may be quiet
+# for hours.
+GONE_CHECK = 0.25
 SESSION_HEADER = "Mcp-Session-Id"
 _HOP = HOP_BY_HOP
 
@@ -90,7 +98,9 @@ class HttpProxy:
         # exchange's, whose answers come in its own response.
         scope = request.headers.get(SESSION_HEADER) or f"exchange-{next(self._exchanges)}"
         ended = SESSION_HEADER not in request.headers
-        refused = True  # the server took none of it (an HTTP error, or it was never reached)
+        # The server took none of it (an HTTP error, or it was never reached;
+        # its calls are recorded as failures by then), or the exchange was cut short.
+        refused = True
         try:
             response = await self._exchange(request, body, calls, scope)
             refused = response.status >= 400
@@ -135,15 +145,24 @@ class HttpProxy:
             if answer is not None:
                 return web.Response(body=dump(answer), content_type="application/json")
         if self._client is None:
-            self._client = client_session(auto_decompress=True)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
+            self._client = client_session(
+                # A connection per open stream, as many as the clients hold: a
+                # bound made a call wait for a free one and fail as unreachable.
+                connector=aiohttp.TCPConnector(limit=0),
+                # No cookies of the proxy's own: each client's go as it sent them.
+                cookie_jar=aiohttp.DummyCookieJar(),
+                auto_decompress=True,
+            )
+        # Every value of a repeated header (Cookie, X-Forwarded-For).
+        headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in _HOP)
         headers["Accept-Encoding"] = "identity"
+        query = request.rel_url.raw_query_string
         url = URL(self.upstream)
         try:
             for _ in range(MAX_REDIRECTS + 1):
                 upstream = await self._client.request(
-                    request.method, url, params=request.rel_url.query, data=body,
-                    headers=headers, allow_redirects=False,
+                    request.method, _with_query(url, query), data=body, headers=headers,
+                    allow_redirects=False,
                     timeout=aiohttp.ClientTimeout(total=None, connect=10, sock_read=None),
                 )  # fmt: skip
                 moved = _same_origin_redirect(url, upstream)
@@ -156,14 +175,10 @@ class HttpProxy:
                 url = moved
         except aiohttp.ClientError as exc:
             log.warning("mcp proxy: upstream %s unreachable: %s", self.upstream, exc)
-            failed = _jsonrpc_errors(body, f"the MCP server {self.upstream} is unreachable")
-            # The client's answer to its calls, so a guard result like any
-            # error's: an agent retrying a server that is down is a failure streak.
-            await calls.from_server_raw(failed, scope)
-            merged = _merged(failed, extra)  # with the answers given here, of a batch
-            return web.Response(status=502, body=merged, content_type="application/json")
+            text = f"the MCP server {self.upstream} is unreachable"
+            return await _failed(body, text, calls, scope, extra)
         try:
-            return await self._relay(request, upstream, calls, scope, extra)
+            return await self._relay(request, upstream, body, calls, scope, extra)
         finally:
             upstream.release()
 
@@ -171,46 +186,116 @@ class HttpProxy:
         self,
         request: web.Request,
         upstream: aiohttp.ClientResponse,
+        sent: bytes,
         calls: ToolCalls,
         scope: str,
         extra: list[mcp.JSONRPCMessage],
     ) -> web.StreamResponse:
-        """The server's answer, each message in it as ToolCalls has it, with
-        `extra` (the answers to the part of a batch given here) added."""
+        """The server's answer to `sent`, each message in it as ToolCalls has
+        it, with `extra` (the answers to the part of a batch given here) added."""
         headers = CIMultiDict((k, v) for k, v in upstream.headers.items() if k.lower() not in _HOP)
         sse = upstream.content_type == "text/event-stream"
+        refused = upstream.status >= 400 and request.method == "POST"
         if upstream.content_type == "application/json":  # one message or a batch: read whole
-            body = await _replaced(await upstream.read(), calls, scope)
+            try:
+                raw = await upstream.read()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                log.warning("mcp proxy: the server broke off its answer: %s", type(exc).__name__)
+                text = f"the MCP server {self.upstream} broke off its answer"
+                return await _failed(sent, text, calls, scope, extra)
+            body = await _replaced(raw, calls, scope)
+            if refused:  # the calls the body did not answer (its answers are taken first)
+                await _refused(sent, upstream, calls, scope)
             return web.Response(
                 status=upstream.status, reason=upstream.reason, body=_merged(body, extra),
                 headers=headers,
             )  # fmt: skip
+        if refused:  # before the client has its answer, and can call again
+            await _refused(sent, upstream, calls, scope)
         if extra and not sse:  # nothing of the server's to add them to (a 202)
             return web.Response(body=dump_batch(extra), content_type="application/json")
         out = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
         await out.prepare(request)
-        reader = sse_reader() if sse else None
+        stream = asyncio.ensure_future(_stream(request, out, upstream, sse, calls, scope, extra))
+        gone = asyncio.ensure_future(_client_gone(request))
         try:
-            if extra:
-                await out.write(b"event: message\ndata: " + dump_batch(extra) + b"\n\n")
-            async for chunk in upstream.content.iter_any():
-                if reader is None:
-                    await out.write(chunk)
-                    continue
-                for raw, data in reader.feed(chunk):
-                    await out.write(await _event(raw, data, calls, scope))
-            if reader is not None:
-                rest = reader.rest()
-                if rest:
-                    await out.write(rest)
-            await out.write_eof()
-        except ConnectionResetError:
-            pass  # the client went away (aiohttp's ClientConnectionResetError is one too)
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            log.warning("mcp proxy: the server broke off a stream: %s", type(exc).__name__)
-            if request.transport is not None:
-                request.transport.abort()
+            await asyncio.wait((stream, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not stream.done():
+                # The client went away (or the proxy is stopping): the server's
+                # stream is closed now, not when its next event finds nobody to
+                # take it. A server keeps one GET stream a session, and refused
+                # the client's reconnect while this one was open.
+                stream.cancel()
+                upstream.close()
+        if stream.done():
+            stream.result()  # what went wrong other than the client or the server going
         return out
+
+
+async def _client_gone(request: web.Request) -> None:
+    """Returns once the client's connection is lost."""
+    # Polled: aiohttp has no event for it that a handler can wait on.
+    while request.transport is not None and not request.transport.is_closing():  # noqa: ASYNC110
+        await asyncio.sleep(GONE_CHECK)
+
+
+async def _failed(
+    body: bytes, text: str, calls: ToolCalls, scope: str, extra: list[mcp.JSONRPCMessage]
+) -> web.Response:
+    """A 502 the proxy answers when the server gave no answer: a JSON-RPC
+    error saying `text` for each request in `body`, by its id, with the
+    answers given here (of a batch). The client's answer to its calls, so a
+    guard result like any error's: an agent retrying a server that is down
+    is a failure streak."""
+    failed = _jsonrpc_errors(body, text)
+    await calls.from_server_raw(failed, scope)
+    return web.Response(status=502, body=_merged(failed, extra), content_type="application/json")
+
+
+async def _refused(
+    sent: bytes, upstream: aiohttp.ClientResponse, calls: ToolCalls, scope: str
+) -> None:
+    """The calls of a request the server refused with an HTTP error (a 503
+    from a gateway in front of it, a body that is no JSON-RPC answer):
+    failed results, so their repeats meet the failure rules. The client
+    gets the server's own status and body."""
+    status = f"HTTP {upstream.status} {upstream.reason or ''}".rstrip()
+    await calls.from_server_raw(_jsonrpc_errors(sent, f"the MCP server answered {status}"), scope)
+
+
+async def _stream(
+    request: web.Request,
+    out: web.StreamResponse,
+    upstream: aiohttp.ClientResponse,
+    sse: bool,
+    calls: ToolCalls,
+    scope: str,
+    extra: list[mcp.JSONRPCMessage],
+) -> None:
+    """The server's streamed answer to the client, an SSE stream event by event."""
+    reader = sse_reader() if sse else None
+    try:
+        if extra:
+            await out.write(b"event: message\ndata: " + dump_batch(extra) + b"\n\n")
+        async for chunk in upstream.content.iter_any():
+            if reader is None:
+                await out.write(chunk)
+                continue
+            for raw, data in reader.feed(chunk):
+                await out.write(await _event(raw, data, calls, scope))
+        if reader is not None:
+            rest = reader.rest()
+            if rest:
+                await out.write(rest)
+        await out.write_eof()
+    except ConnectionResetError:
+        pass  # the client went away (aiohttp's ClientConnectionResetError is one too)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        log.warning("mcp proxy: the server broke off a stream: %s", type(exc).__name__)
+        if request.transport is not None:
+            request.transport.abort()
 
 
 def sse_reader() -> SseReader:
@@ -218,6 +303,14 @@ def sse_reader() -> SseReader:
     large as a line over stdio may (a picture, a file); a smaller bound
     would leave every later answer on the stream unread."""
     return SseReader(max_event=MAX_LINE)
+
+
+def _with_query(url: URL, query: str) -> URL:
+    """`url` with the client's query string in place of its own, as it came
+    (a bare `?flag` stays `?flag`); as it is when the client sent none."""
+    if not query:
+        return url
+    return URL(f"{url.with_query(None).with_fragment(None)}?{query}", encoded=True)
 
 
 def _same_origin_redirect(url: URL, upstream: aiohttp.ClientResponse) -> URL | None:
