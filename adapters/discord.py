@@ -38,13 +38,22 @@ from adapters.common import (
 )
 from gateway.admin import Admin, AdminError
 from gateway.config import BotConfig
-from gateway.errors import BotbouncerError, StartupError
+from gateway.errors import BotbouncerError, StartupError, StartupUnreachable
 from gateway.http import HttpServer
 from gateway.model import Action, Author, ChatKind, ChatRef, Decision, Message
 from gateway.pipeline import Gateway
 from gateway.store import StoreError
 
 log = logging.getLogger("botbouncer.discord")
+
+
+def _not_voice(record: logging.LogRecord) -> bool:
+    """discord.py warns on every start that voice needs PyNaCl and davey; the
+    daemon speaks no voice, and the warning reads as if something were wrong."""
+    return "voice will NOT be supported" not in str(record.msg)
+
+
+logging.getLogger("discord.client").addFilter(_not_voice)
 
 MESSAGE_LIMIT = 2000  # Discord's per-message character limit
 # A reply may ping the users it names and the author it answers, never
@@ -204,6 +213,7 @@ class DiscordAdapter:
         self.client._connection.parsers["MESSAGE_UPDATE"] = _ignore_edit
         self.ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._opened = False  # login() was called (a daemon stops every adapter it made)
         self._handling: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ------------------------------------------------------------
@@ -211,13 +221,14 @@ class DiscordAdapter:
     async def start(self) -> None:
         """Log in (a bad token stops the daemon), register the commands, connect."""
         self._use_endpoints()
+        self._opened = True
         token = self.bot.token.get_secret_value() if self.bot.token else ""
         try:
             await self.client.login(token)
         except discord.LoginFailure:
             raise StartupError(f"bot {self.bot.name}: Discord refused the token") from None
         except (discord.HTTPException, OSError) as exc:
-            raise StartupError(f"bot {self.bot.name}: cannot reach Discord: {exc}") from None
+            raise StartupUnreachable(f"bot {self.bot.name}: cannot reach Discord: {exc}") from None
         user = self.client.user
         assert user is not None  # set by login
         self.gateway.bot_id = str(user.id)  # own messages are recognised by user id
@@ -237,7 +248,10 @@ class DiscordAdapter:
         """Nothing to do: events that arrive while stopping are logged, not handled."""
 
     async def stop(self) -> None:
-        await self.client.close()
+        if self._opened:
+            await self.client.close()
+        else:  # never logged in: the client's close() needs what login() sets up
+            await self.client.http.close()
         if self._task is not None:
             await asyncio.wait([self._task], timeout=5)
         _endpoints.pop(self.bot.name, None)

@@ -34,7 +34,7 @@ from mautrix.types import EventType, RoomID, SyncToken, UserID
 from adapters.common import SendFailed, clean, deliver, split_message
 from gateway.admin import Admin, AdminError
 from gateway.config import BotConfig
-from gateway.errors import BotbouncerError, StartupError
+from gateway.errors import BotbouncerError, StartupError, StartupUnreachable
 from gateway.http import HttpServer
 from gateway.inflight import ShuttingDown
 from gateway.model import Action, Author, ChatKind, ChatRef, Decision, Message
@@ -256,7 +256,7 @@ class MatrixAdapter:
                                f"{exc.errcode or exc.http_status}") from None  # fmt: skip
         except (MatrixError, aiohttp.ClientError, OSError) as exc:
             await self.stop()
-            raise StartupError(f"bot {self.bot.name}: cannot reach the homeserver at "
+            raise StartupUnreachable(f"bot {self.bot.name}: cannot reach the homeserver at "
                                f"{self.settings.homeserver}: {exc}") from None  # fmt: skip
         if me.user_id != self.user_id:
             await self.stop()
@@ -287,7 +287,9 @@ class MatrixAdapter:
             data = await self.api.sync(timeout=0)
         except (MatrixError, aiohttp.ClientError, OSError) as exc:
             await self.stop()
-            raise StartupError(f"bot {self.bot.name}: the first /sync failed: {exc}") from None
+            raise StartupUnreachable(
+                f"bot {self.bot.name}: the first /sync failed: {exc}"
+            ) from None
         await self._rooms_state(data, handle=False)
         position = str(data.get("next_batch") or "")
         await self.gateway.store.set_cursor(self.cursor, position)

@@ -50,7 +50,7 @@ from adapters.common import (
 )
 from gateway.admin import Admin, AdminError
 from gateway.config import BotConfig
-from gateway.errors import BotbouncerError, StartupError
+from gateway.errors import BotbouncerError, StartupError, StartupUnreachable
 from gateway.http import BadRequest, HttpServer, error, json_body
 from gateway.model import Action, Author, ChatKind, ChatRef, Decision, Message
 from gateway.outbound import client_session
@@ -396,7 +396,7 @@ class TelegramAdapter:
         except InvalidToken:
             raise StartupError(f"bot {self.bot.name}: Telegram refused the token") from None
         except TelegramError as exc:
-            raise StartupError(
+            raise StartupUnreachable(
                 f"bot {self.bot.name}: cannot reach the Bot API at {self.api}: {exc}"
             ) from None
         me = self.app.bot.bot

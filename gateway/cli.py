@@ -90,7 +90,8 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         asyncio.run(serve(config, path=args.config))
     except StartupError as exc:
-        return _fail(str(exc))
+        _fail(str(exc))
+        return exc.exit_status
     return 0
 
 
@@ -227,14 +228,21 @@ def _mcp_proxy(args: argparse.Namespace) -> int:
         return _fail(f"--session: {str(exc).partition(': ')[2]}")
     except ValueError as exc:
         return _fail(f"--{'upstream' if args.upstream and 'URL' in str(exc) else 'listen'}: {exc}")
+    try:
+        from gateway.mcpproxy.main import serve
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").startswith("gateway"):
+            raise
+        return _fail(f"mcp-proxy needs {exc.name!r}, which is not installed: "
+                     "pip install 'botbouncer[mcp]' (or botbouncer[all])")  # fmt: skip
     handler = setup_logging(args.log_level, "text")  # stderr: stdout is the protocol
-    from gateway.mcpproxy.main import serve
 
     try:
         return asyncio.run(serve(config, command, session=args.session, profile=args.profile,
                                  upstream=args.upstream, listen=listen))  # fmt: skip
     except (StartupError, FileNotFoundError, GuardInputError) as exc:
-        return _fail(f"mcp-proxy: {exc}")
+        _fail(f"mcp-proxy: {exc}")
+        return exc.exit_status if isinstance(exc, StartupError) else EXIT_USAGE
     finally:
         logging.getLogger().removeHandler(handler)
 

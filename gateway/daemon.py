@@ -28,7 +28,7 @@ from gateway.backends.python import PythonBackendError
 from gateway.classifier import Classifier
 from gateway.config import BotConfig, Config, ConfigError, Policy, load_config, mask_password
 from gateway.decide import Decider
-from gateway.errors import StartupError
+from gateway.errors import StartupError, StartupUnreachable
 from gateway.guard.engine import engine_for
 from gateway.guard.service import Guard
 from gateway.http import HttpServer
@@ -228,7 +228,7 @@ class Daemon:
             await site.start()
         except OSError as exc:
             await self._runner.cleanup()
-            raise StartupError(f"cannot listen on {http.listen}: {exc.strerror}") from None
+            raise StartupUnreachable(f"cannot listen on {http.listen}: {exc.strerror}") from None
         if self.alerts is not None:  # once listening: a port in use leaves no sender running
             self.alerts.start()
         await self._check_store()
@@ -258,7 +258,7 @@ class Daemon:
         url = mask_password(self.config.store.url)
         if self.config.store.require_at_start:
             await self.stop()
-            raise StartupError(f"store {url} is unreachable ({why}) and "
+            raise StartupUnreachable(f"store {url} is unreachable ({why}) and "
                                "store.require_at_start is true")  # fmt: skip
         log.error("store %s is unreachable at start (%s): deciding on this process's memory "
                   "until it answers (store.require_at_start: true makes this fatal)",

@@ -42,7 +42,18 @@ class InputError(BotbouncerError, ValueError):
 
 
 class StartupError(BotbouncerError):
-    """The daemon cannot start; the message says why and what to change."""
+    """The daemon cannot start; the message says why and what to change.
+    Exit status 2: started again as it is, it would fail again."""
+
+    exit_status = 2
+
+
+class StartupUnreachable(StartupError):
+    """The daemon cannot start because something it needs did not answer (a
+    platform, the store, a port still held): exit status 1, which a
+    supervisor restarts (deploy/systemd), since it may answer in a moment."""
+
+    exit_status = 1
 
 
 class Unavailable(BotbouncerError):

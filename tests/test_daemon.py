@@ -123,9 +123,73 @@ def test_an_unreachable_discord_is_a_clear_startup_error(
         f"bots:\n  - {{name: d, platform: discord, token: t, api_base: '{api}',"
         " backend: {type: echo}}\n"
     )
-    assert main(["run", "-c", str(cfg)]) == 2
+    # 1, not 2 (a config error): a supervisor starts it again, Discord may answer then
+    assert main(["run", "-c", str(cfg)]) == 1
     err = capsys.readouterr().err
     assert "bot d: cannot reach Discord" in err and "Traceback" not in err
+    assert "voice will NOT be supported" not in err  # discord.py's, of no use to the daemon
+
+
+def test_a_failed_start_before_a_discord_bot_is_a_clear_startup_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Breaks if the daemon, closing what it made after a bot failed to start,
+    # closes a Discord client that never logged in: discord.py raised
+    # AttributeError, and the user saw a traceback instead of the reason.
+    cfg = tmp_path / "c.yml"
+    nowhere = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    cfg.write_text(
+        f"http: {{listen: '127.0.0.1:{free_port()}'}}\n"
+        f"bots:\n  - {{name: t, platform: telegram, token: '1:x', api_base: '{nowhere}',"
+        " backend: {type: echo}}\n"
+        f"  - {{name: d, platform: discord, token: x, api_base: '{nowhere}/api/v10',"
+        " backend: {type: echo}}\n"
+    )
+    assert main(["run", "-c", str(cfg)]) == 1
+    err = capsys.readouterr().err
+    assert "bot t: cannot reach the Bot API" in err and "Traceback" not in err
+
+
+def test_a_port_in_use_exits_1_for_a_supervisor_to_start_it_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Breaks if a port still held (the process before, stopping) exits 2, the
+    # status of a config error, which the systemd unit does not restart.
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        cfg = tmp_path / "c.yml"
+        cfg.write_text(
+            f"http: {{listen: '127.0.0.1:{port}'}}\n"
+            "bots:\n  - {name: h, platform: http, backend: {type: echo}}\n"
+        )
+        assert main(["run", "-c", str(cfg)]) == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def test_two_discord_api_bases_in_one_config_are_a_config_error() -> None:
+    # Breaks if check-config passes two Discord bots on different API bases,
+    # which discord.py cannot serve from one process (the daemon refused them
+    # only at start, after the first had logged in).
+    from discord.http import Route
+
+    from gateway.config import parse_config
+    from gateway.config.errors import ConfigError
+    from gateway.config.schema import DISCORD_API
+
+    assert DISCORD_API == Route.BASE  # the default base the rule compares with
+    bots = (
+        "bots:\n  - {name: a, platform: discord, token: x, backend: {type: echo}}\n"
+        "  - {name: b, platform: discord, token: y, api_base: 'http://127.0.0.1:9/api/v10',"
+        " backend: {type: echo}}\n"
+    )
+    with pytest.raises(ConfigError, match=r"bots\[1\]\.api_base: http://127.0.0.1:9/api/v10 "
+                       r"differs from bot a's https://discord.com/api/v10"):  # fmt: skip
+        parse_config(bots)
+    parse_config(bots.replace("'http://127.0.0.1:9/api/v10'", "'https://discord.com/api/v10/'"))
 
 
 async def test_run_serves_until_sigterm_then_exits_0(tmp_path: Path) -> None:

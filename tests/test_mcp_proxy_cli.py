@@ -133,3 +133,22 @@ def test_the_usage_line_names_every_option() -> None:
     for action in mcp._actions:
         if action.option_strings and action.dest != "help":
             assert any(f"{o} " in usage for o in action.option_strings), action.option_strings
+
+
+def test_without_the_mcp_extra_it_says_what_to_install() -> None:
+    # Breaks if the proxy imports the MCP SDK's types unguarded: on an install
+    # without the `mcp` extra the user saw a ModuleNotFoundError traceback.
+    without_mcp = (
+        "import sys\n"
+        "sys.modules['mcp_types'] = sys.modules['mcp'] = None  # as if not installed\n"
+        "from gateway.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    res = subprocess.run([PY, "-c", without_mcp, "mcp-proxy", "--", PY, "-c", "pass"], cwd=ROOT,
+                         stdin=subprocess.DEVNULL, capture_output=True, timeout=WAIT)  # fmt: skip
+    err = res.stderr.decode()
+    assert res.returncode == 2, err
+    assert "mcp-proxy needs 'mcp_types', which is not installed: pip install 'botbouncer[mcp]'" in (
+        err
+    )
+    assert "Traceback" not in err

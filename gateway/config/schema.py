@@ -18,6 +18,13 @@ from gateway.config.process import HttpConfig, ShutdownConfig, StoreConfig
 from gateway.fields import Model, deep_merge, none_to_empty
 from gateway.guard.profiles import GuardConfig
 
+# discord.py's own API base (discord.http.Route.BASE), where a bot without api_base goes.
+DISCORD_API = "https://discord.com/api/v10"
+
+
+def _discord_base(api_base: str | None) -> str:
+    return (api_base or DISCORD_API).rstrip("/")
+
 
 def _merge_defaults(data: Any) -> Any:
     if not isinstance(data, Mapping):
@@ -72,6 +79,22 @@ class Config(Model):
                     },
                 )
             first[bot.name] = i
+        # discord.py keeps its API base in a class attribute: one per process.
+        discord = [(i, b) for i, b in enumerate(bots) if b.platform == "discord" and
+                   b.mode == "proxy"]  # fmt: skip
+        for i, bot in discord[1:]:
+            _, head = discord[0]
+            base, other = _discord_base(bot.api_base), _discord_base(head.api_base)
+            if base != other:
+                raise PydanticCustomError(
+                    LOCATED,
+                    "{message}",
+                    {
+                        "message": f"{base} differs from bot {head.name}'s {other}: discord.py "
+                        "takes one API base per process, so run them in two daemons",
+                        "at": (i, "api_base"),
+                    },
+                )
         return bots
 
     @field_validator("llm_proxy", "mcp_proxy", mode="before")

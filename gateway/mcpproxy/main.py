@@ -20,7 +20,7 @@ from aiohttp import web
 
 from gateway.config import Config
 from gateway.config.mcpproxy import McpProxyConfig
-from gateway.errors import StartupError
+from gateway.errors import StartupUnreachable
 from gateway.guard.engine import engine_for
 from gateway.guard.service import Guard
 from gateway.mcpproxy import stdio
@@ -74,7 +74,9 @@ async def _serve_http(proxy: HttpProxy, listen: tuple[str, int]) -> int:
         await site.start()
     except OSError as exc:
         await runner.cleanup()
-        raise StartupError(f"cannot listen on {listen[0]}:{listen[1]}: {exc.strerror}") from None
+        raise StartupUnreachable(
+            f"cannot listen on {listen[0]}:{listen[1]}: {exc.strerror}"
+        ) from None
     host, port = runner.addresses[0][:2]
     log.info("mcp proxy: serving http://%s:%d%s for %s", host, port, proxy.path, proxy.upstream)
     stop = asyncio.Event()
