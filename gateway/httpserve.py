@@ -82,6 +82,12 @@ def _raw_response(status: int, reason: str, message: str) -> bytes:
 BUSY = _raw_response(503, "Service Unavailable", "too many open connections; try again later")
 
 
+# A body's deadline grows with the length its head declares: a second more
+# for every BODY_RATE bytes (a model request carrying images, tens of
+# megabytes, from a slow uplink; a chunked body has the base deadline).
+BODY_RATE = 100_000
+
+
 class BodyTimeout(Exception):
     """Set on a request's payload when its body is late: the handler reading
     it is woken and the request answered 408. Not a BotbouncerError on
@@ -175,6 +181,7 @@ class Connection(RequestHandler):
 
     __slots__ = (
         "_body",
+        "_body_timeout",
         "_census",
         "_counted",
         "_deadline",
@@ -192,6 +199,7 @@ class Connection(RequestHandler):
         # The one read deadline: the head's (then _body is None) or the body's.
         self._deadline: asyncio.TimerHandle | None = None
         self._body: StreamReader | None = None  # a body not complete at the end of a read
+        self._body_timeout = 0.0  # its deadline, seconds after its head
         self._partial = False  # bytes of a head not yet complete have come
         self._stall: asyncio.TimerHandle | None = None  # the client reads none of our answer
         # The client's fault last logged: aiohttp may meet it twice (the handler
@@ -242,9 +250,10 @@ class Connection(RequestHandler):
             self._partial = False
             if not payload.is_eof():
                 self._body = payload
-                self._deadline = self._loop.call_later(
-                    self._settings.body_timeout_seconds, self._body_late
+                self._body_timeout = (
+                    self._settings.body_timeout_seconds + _declared(msg) / BODY_RATE
                 )
+                self._deadline = self._loop.call_later(self._body_timeout, self._body_late)
         elif self._body is not None:
             if self._body.is_eof():
                 self._disarm()
@@ -292,8 +301,7 @@ class Connection(RequestHandler):
         body, self._body = self._body, None
         if body is None or body.is_eof() or self.transport is None:
             return
-        timeout = self._settings.body_timeout_seconds
-        message = f"request body not complete within {timeout:g}s"
+        message = f"request body not complete within {round(self._body_timeout, 1):g}s"
         log.debug("connection from %s: %s; closing it", _peer(self), message)
         # Its reader (the handler, or aiohttp discarding an unread body) is
         # woken with this; the handler's request is answered 408 (in
@@ -404,6 +412,12 @@ def _short(text: str) -> str:
     the bad byte) and quote what the client sent."""
     line = " ".join(text.split())
     return line if len(line) <= MAX_QUOTED else line[: MAX_QUOTED - 3] + "..."
+
+
+def _declared(message: Any) -> int:
+    """The body length a request's head declares (0: none, or not a number)."""
+    length = getattr(message, "headers", {}).get("Content-Length", "")
+    return int(length) if length.isdigit() and len(length) < 19 else 0
 
 
 def _peer(conn: RequestHandler) -> str:

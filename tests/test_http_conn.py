@@ -226,6 +226,25 @@ async def test_a_slow_steady_body_within_the_deadline_is_answered() -> None:
         assert 0.9 <= time.monotonic() - start < 2.5
 
 
+async def test_a_large_body_gets_more_time_by_the_length_it_declares(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Breaks if every body has the same deadline however large: a model
+    # request of megabytes (images) from a slow uplink was cut at 30 s with
+    # no answer the agent's SDK could read, and sent again whole.
+    monkeypatch.setattr(httpserve, "BODY_RATE", 10_000)  # a second for every 10 KB declared
+    padded = MESSAGE + b" " * 30_000  # JSON and blanks: 3 s more than the base 0.2 s
+    async with serving(body_timeout_seconds=0.2) as server:
+        c = await server.connect()
+        await c.send(ingress_head(len(padded)))
+        pieces = [padded[i : i + 3_000] for i in range(0, len(padded), 3_000)]
+        for piece in pieces:
+            await asyncio.sleep(1.0 / len(pieces))  # a second in all, five times the base
+            await c.send(piece)
+        status, _, body = await c.response()
+        assert status == 200 and body["action"] == "reply", body
+
+
 async def test_connections_past_max_connections_get_503_until_one_closes(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

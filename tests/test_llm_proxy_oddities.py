@@ -19,7 +19,8 @@ from gateway.llmproxy.session import Seen
 from gateway.llmproxy.wire import in_call_order
 from gateway.store import open_store
 from tests.fakes.llm import FakeLLM, answer, repeat_tool_call, status, tool_call
-from tests.llm_proxy import openai_client, proxy_daemon, raw_post, responses_agent
+from tests.fakes.llm.behaviours import respond
+from tests.llm_proxy import WEATHER_TOOL, openai_client, proxy_daemon, raw_post, responses_agent
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
@@ -55,7 +56,9 @@ async def test_a_blocked_request_sent_again_is_blocked_again() -> None:
     # tools on when the agent's SDK sends it again after an upstream error:
     # every event of it was marked fed, so the retry had nothing new and
     # was forwarded untouched, the loop going on. A request that moves the
-    # conversation on is judged afresh (tools on again).
+    # conversation on without a new tool call or result gets the block too
+    # (test_an_agent_that_nudges_the_model_on_gets_no_tools_back); one that
+    # brings new tool events is judged afresh.
     async with FakeLLM() as llm:
         llm.then(*(answer("fine") for _ in range(3)), status(500))
         llm.default = answer("fine")
@@ -73,6 +76,16 @@ async def test_a_blocked_request_sent_again_is_blocked_again() -> None:
             moved_on = weather_history(4)
             moved_on["messages"] += [{"role": "assistant", "content": "Grey."},
                                      {"role": "user", "content": "And tomorrow?"}]  # fmt: skip
+            code, said, _, _ = await raw_post(route, moved_on, **headers)
+            assert code == 200 and said["X-Botbouncer-Guard"] == "block identical_call"
+            assert llm.calls[-1].body["tool_choice"] == "none"
+            other = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [call("call_n", "get_forecast", {"city": "Brest"})],
+            }
+            moved_on["messages"] += [other, {"role": "tool", "tool_call_id": "call_n",
+                                             "content": "rain"}]  # fmt: skip
             code, said, _, _ = await raw_post(route, moved_on, **headers)
             assert code == 200 and "X-Botbouncer-Guard" not in said
     assert llm.calls[3].body["tool_choice"] == "none"  # the blocked request, answered 500
@@ -252,6 +265,116 @@ async def test_paths_reach_the_upstream_as_sent_and_never_above_its_base() -> No
     assert guard == "block identical_call"
 
 
+FEW_SHOT = [
+    {"role": "system", "content": "You are a weather bot. Use get_weather."},
+    {"role": "user", "content": "Weather in Oslo?"},
+    {"role": "assistant", "content": None, "tool_calls": [{"id": "111", "type": "function",
+     "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+    {"role": "tool", "tool_call_id": "111", "content": '{"sky": "snow"}'},
+    {"role": "assistant", "content": "It snows in Oslo."},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+async def test_conversations_sharing_a_few_shot_example_are_sessions_of_their_own(
+    store: str, redis_url: str, key_prefix: str
+) -> None:
+    # Breaks if a session is named by the first answer with tool calls that a
+    # history holds, whoever gave it: a prompt holding an example of a tool
+    # call (few-shot, the same in every conversation) made every user's
+    # conversation one session, and from the third user on a single call was
+    # blocked as the same call again. On Redis, two replicas take the
+    # requests in turn: each finds the session the other's answer named.
+    def model(call: Any) -> Any:
+        last = call.messages[-1]
+        if last["role"] == "user":  # the real question: look the weather up
+            return tool_call("get_weather", {"city": last["content"].split()[-1].rstrip("?")})
+        return answer("Grey.")
+
+    url_of = "memory://" if store == "memory" else redis_url
+    prefix = None if store == "memory" else key_prefix
+    async with FakeLLM() as llm:
+        llm.default = respond(model)
+        async with (
+            proxy_daemon(llm, url_of, prefix) as (_, one),
+            proxy_daemon(llm, url_of, prefix) as (_, two),
+        ):
+            replicas = [one] if store == "memory" else [one, two]
+            names, verdicts = [], []
+            for user in range(5):
+                messages = [*FEW_SHOT, {"role": "user", "content": f"Weather in city{user}?"}]
+                for turn in range(3):
+                    client = openai_client(f"{replicas[turn % len(replicas)]}/llm/openai/v1")
+                    raw = await client.chat.completions.with_raw_response.create(
+                        model="m", messages=messages, tools=[WEATHER_TOOL]
+                    )
+                    verdicts.append(raw.headers.get("X-Botbouncer-Guard"))
+                    said = raw.parse().choices[0].message
+                    messages.append(said.model_dump(exclude_none=True))
+                    if not said.tool_calls:
+                        names.append(raw.headers.get("X-Botbouncer-Session"))
+                        break
+                    for c in said.tool_calls:
+                        messages.append({"role": "tool", "tool_call_id": c.id, "content": "grey"})
+    assert verdicts == [None] * 10  # two requests a user, none warned or blocked
+    assert len(set(names)) == 5 and None not in names
+
+
+async def test_an_agent_that_nudges_the_model_on_gets_no_tools_back() -> None:
+    # Breaks if a blocked session's next request that feeds nothing new goes
+    # out with tools on: an agent that answers a final answer with "please
+    # continue" (as autonomous coding agents do) had the model call the same
+    # tool again, ran it, was blocked, nudged again: the tool ran every other
+    # request, for ever. DELETE /v1/guard/<session> gives the tools back.
+    async with FakeLLM() as llm:
+        llm.default = repeat_tool_call("get_weather", {"city": "Brest"}, otherwise="Grey.")
+        async with proxy_daemon(llm, "memory://", None) as (_, url):
+            client = openai_client(f"{url}/llm/openai/v1")
+            messages: list[dict[str, Any]] = [{"role": "user", "content": "Brest? Go on alone."}]
+            ran, session = 0, None
+
+            async def turn() -> bool:
+                nonlocal ran, session
+                raw = await client.chat.completions.with_raw_response.create(
+                    model="m", messages=messages, tools=[WEATHER_TOOL]
+                )
+                session = raw.headers.get("X-Botbouncer-Session") or session
+                said = raw.parse().choices[0].message
+                messages.append(said.model_dump(exclude_none=True))
+                for c in said.tool_calls or []:
+                    ran += 1
+                    messages.append({"role": "tool", "tool_call_id": c.id, "content": "grey"})
+                if not said.tool_calls:
+                    messages.append({"role": "user", "content": "Please continue the task."})
+                return bool(said.tool_calls)
+
+            for _ in range(20):
+                await turn()
+            assert ran == 4  # the 4th ran before the proxy saw it; none after
+            async with (
+                aiohttp.ClientSession() as http,
+                http.delete(f"{url}/v1/guard/{session}") as resp,
+            ):
+                assert resp.status in (200, 204), await resp.text()
+            assert await turn()  # the session started over: tools on again
+
+
+async def test_a_query_reaches_the_upstream_as_sent() -> None:
+    # Breaks if the query is decoded and encoded again: `?flag` reached the
+    # upstream as `?flag=`, which a server may read otherwise.
+    async with FakeLLM() as llm:
+        llm.default = answer("fine")
+        async with (
+            proxy_daemon(llm, "memory://", None) as (_, url),
+            aiohttp.ClientSession() as http,
+        ):
+            sent = "flag&api-version=2024-10-21&q=a%2Bb"
+            target = URL(f"{url}/llm/openai/v1/chat/completions?{sent}", encoded=True)
+            async with http.post(target, json=weather_history(1)) as resp:
+                assert resp.status == 200
+    assert llm.calls[-1].query == sent
+
+
 async def test_a_session_under_another_profile_is_not_asked_again_by_the_sdks() -> None:
     # Breaks if the 409 for a session held under another guard profile lets
     # the SDKs retry it (they retry 409 unless told not to): the same answer
@@ -289,6 +412,22 @@ async def test_a_long_history_and_a_short_one_in_turn_are_each_fed_once() -> Non
         fed_counts.append(len(fed.new))
         await seen.remember("s", events, fed)
     assert fed_counts == [280, 2, 2, 2, 2]
+
+
+async def test_four_long_histories_in_turn_are_each_fed_once() -> None:
+    # Breaks if the keys kept of the histories before the last hold only
+    # one more: an orchestrator and three sub-agents under one session
+    # header, each 150 calls long, had their oldest events fed again at
+    # every switch (1,143 steps counted for 450 calls that ran).
+    seen = Seen(open_store("memory://"))
+    fed_counts = []
+    for calls in (150, 151, 152):
+        for agent in "abcd":
+            events = OpenAI().tool_events(searches(agent, [f"q{i}" for i in range(calls)]))
+            fed = await seen.new("s", events)
+            fed_counts.append(len(fed.new))
+            await seen.remember("s", events, fed)
+    assert fed_counts == [300] * 4 + [2] * 8
 
 
 async def test_a_verdict_held_for_a_retry_ends_with_the_session() -> None:

@@ -17,7 +17,7 @@ from gateway.config.llmproxy import Price
 from gateway.llmproxy.anthropic import Anthropic
 from gateway.llmproxy.openai import OpenAI
 from gateway.llmproxy.session import fingerprint
-from gateway.llmproxy.wire import SseReader, WholeTap
+from gateway.llmproxy.wire import Dialect, SseReader, WholeTap
 
 OPENAI_HISTORY: dict[str, Any] = {
     "model": "m",
@@ -81,16 +81,44 @@ def test_calls_without_ids_are_keyed_by_place_and_content() -> None:
     assert keys == [e.key for e in OpenAI().tool_events(body)]  # stable across requests
 
 
+def test_a_usage_the_agent_did_not_ask_for_leaves_no_trace_in_its_stream() -> None:
+    # Breaks if only the usage-only chunk is kept back: asked for usage, the
+    # upstream writes `"usage":null` in every chunk before it, and the agent
+    # got a stream other than the one it asked for.
+    from gateway.llmproxy.openai import OpenAIStreamTap
+
+    chunks = [
+        {"id": "c", "choices": [{"index": 0, "delta": {"content": "Hi"}}], "usage": None},
+        {"id": "c", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}},
+    ]
+    for separators in ((",", ":"), (", ", ": ")):  # compact, as OpenAI writes; or spaced
+        raw = b"".join(b"data: " + json.dumps(c, separators=separators).encode() + b"\n\n"
+                       for c in chunks) + b"data: [DONE]\n\n"  # fmt: skip
+        hidden = OpenAIStreamTap(hide_usage=True)
+        out = b"".join(hidden.feed(raw[i : i + 9]) for i in range(0, len(raw), 9)) + hidden.done()
+        alone = {"id": "c", "choices": [{"index": 0, "delta": {"content": "Hi"}}]}
+        want = b"data: " + json.dumps(alone, separators=separators).encode() + b"\n\n"
+        assert out == want + b"data: [DONE]\n\n"
+        assert hidden.usage.input_tokens == 3
+        kept = OpenAIStreamTap(hide_usage=False)  # the agent asked: as it came
+        assert kept.feed(raw) + kept.done() == raw
+
+
+def first_anchor(d: Dialect, body: dict[str, Any]) -> str | None:
+    found = d.anchors(body)
+    return found[0] if found else None
+
+
 def test_the_fingerprint_is_anchored_on_the_first_answer() -> None:
     d = OpenAI()
-    anchor = d.anchor(OPENAI_HISTORY)
+    anchor = first_anchor(d, OPENAI_HISTORY)
     assert anchor == "ids:call_1,call_2"
     same = fingerprint(d, OPENAI_HISTORY, "Bearer k", anchor)
     assert same is not None and same.startswith("llm-")
     # The same conversation one turn later: the same session.
     longer = {**OPENAI_HISTORY, "messages": [*OPENAI_HISTORY["messages"],
               {"role": "assistant", "content": "Grey and sunny."}]}  # fmt: skip
-    assert fingerprint(d, longer, "Bearer k", d.anchor(longer)) == same
+    assert fingerprint(d, longer, "Bearer k", first_anchor(d, longer)) == same
     # Another key, or another first answer: another session.
     assert fingerprint(d, OPENAI_HISTORY, "Bearer other", anchor) != same
     assert fingerprint(d, OPENAI_HISTORY, "Bearer k", "ids:call_9") != same
@@ -105,13 +133,13 @@ def test_the_anchor_read_from_an_answer_is_the_one_its_history_gives() -> None:
               "usage": {"prompt_tokens": 7, "completion_tokens": 3}}  # fmt: skip
     tap.feed(json.dumps(answer).encode())
     tap.done()
-    assert tap.anchor == d.anchor(OPENAI_HISTORY)
+    assert tap.anchor == first_anchor(d, OPENAI_HISTORY)
     assert (tap.usage.input_tokens, tap.usage.output_tokens) == (7, 3)
     a = Anthropic()
     atap = WholeTap(a)
     atap.feed(json.dumps({"content": ANTHROPIC_HISTORY["messages"][1]["content"]}).encode())
     atap.done()
-    assert atap.anchor == a.anchor(ANTHROPIC_HISTORY) == "ids:toolu_1"
+    assert atap.anchor == first_anchor(a, ANTHROPIC_HISTORY) == "ids:toolu_1"
 
 
 def test_anthropic_stream_usage_counts_cached_input() -> None:
@@ -287,7 +315,7 @@ def test_calls_without_ids_or_text_still_anchor_a_session() -> None:
     message = {"role": "assistant", "content": None, "tool_calls": [
         {"type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]}  # fmt: skip
     body = {"messages": [{"role": "user", "content": "go"}, message]}
-    anchor = d.anchor(body)
+    anchor = first_anchor(d, body)
     assert anchor is not None and anchor.startswith("calls:")
     # The same answer streamed in fragments gives the same anchor.
     tap = d.stream_tap({})
@@ -463,7 +491,7 @@ def test_responses_anchor_from_an_answer_whole_or_streamed_is_its_historys() -> 
     from gateway.llmproxy.responses import Responses
 
     d = Responses()
-    expected = d.anchor(RESPONSES_HISTORY)
+    expected = first_anchor(d, RESPONSES_HISTORY)
     assert expected == "ids:call_1,call_2"
     answer = {"object": "response", "output": RESPONSES_OUTPUT,
               "usage": {"input_tokens": 9, "output_tokens": 4}}  # fmt: skip
@@ -482,7 +510,7 @@ def test_responses_anchor_from_an_answer_whole_or_streamed_is_its_historys() -> 
     grey = {"role": "assistant", "content": [{"type": "output_text", "text": "Grey."}]}
     later = {**RESPONSES_HISTORY, "input": [*RESPONSES_HISTORY["input"], grey]}
     same = fingerprint(d, RESPONSES_HISTORY, "k", expected)
-    assert same is not None and fingerprint(d, later, "k", d.anchor(later)) == same
+    assert same is not None and fingerprint(d, later, "k", first_anchor(d, later)) == same
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -511,6 +539,20 @@ def test_responses_final_answer_and_note_as_the_sdk_reads_them(stream: bool) -> 
     assert noted["input"] == [{"role": "user", "content": "hi"},
                               {"role": "system", "content": "note"}]  # fmt: skip
     assert noted["tool_choice"] == "none"
+    # Breaks if only a request that lists its tools gets them turned off: a
+    # stored prompt (`prompt: {id}`) carries its tools on the server, and its
+    # loop went on through every block.
+    stored = d.with_note({"model": "m", "input": "hi", "prompt": {"id": "pmpt_1"}}, "note", True)
+    assert stored["tool_choice"] == "none"
+    # Breaks if the note is an input item of a request the upstream keeps in
+    # a conversation (or a response chain): it stayed in that context, the
+    # tools said off, for every turn after.
+    for kept in ({"conversation": "conv_1"}, {"previous_response_id": "resp_1"}):
+        body = {"model": "m", "input": [{"role": "user", "content": "go on"}], **kept}
+        noted = d.with_note(body, "note", True)
+        assert noted["input"] == body["input"] and noted["instructions"] == "note"
+        noted = d.with_note({**body, "instructions": "Be brief."}, "note", False)
+        assert noted["instructions"] == "Be brief.\n\nnote" and "tool_choice" not in noted
     err = json.loads(d.error(429, "spent", "budget_exhausted"))
     assert err["error"] == {"message": "spent", "type": "insufficient_quota", "param": None,
                             "code": "budget_exhausted"}  # fmt: skip
@@ -616,7 +658,7 @@ def test_no_shape_of_body_or_answer_makes_a_dialect_fail(body: Any, answer: Any)
     for d in (OpenAI(), Anthropic(), Responses()):
         d.tool_events(body)
         digest(d.opening(body))
-        d.anchor(body)
+        first_anchor(d, body)
         json.dumps(d.with_note(body, "note", True))
         d.prepare(body)
         d.continues(body)

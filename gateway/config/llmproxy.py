@@ -105,7 +105,9 @@ class ProxyTimeouts(Model):
     connect_seconds: Float = Field(default=10.0, gt=0, le=600)
     # Between two reads of the upstream's answer (a stream may run for long;
     # a silent one is cut after this).
-    read_seconds: Float = Field(default=300.0, gt=0, le=3600)
+    # 600: the OpenAI and Anthropic SDKs' own timeout (a long answer of a
+    # reasoning model, not streamed, may be silent for minutes).
+    read_seconds: Float = Field(default=600.0, gt=0, le=3600)
 
 
 class LlmProxyConfig(Model):
@@ -124,7 +126,8 @@ class LlmProxyConfig(Model):
     budget: ProxyBudget = ProxyBudget()
     prices: dict[NonEmptyStr, Price] = Field(default_factory=dict)
     timeouts: ProxyTimeouts = ProxyTimeouts()
-    max_body_bytes: Int = Field(default=32 * 1024 * 1024, ge=1024, le=MAX_BODY_BYTES)
+    # 64 MiB: above OpenAI's 50 MB for a request with images (Anthropic's is 32 MB).
+    max_body_bytes: Int = Field(default=64 * 1024 * 1024, ge=1024, le=MAX_BODY_BYTES)
 
     @field_validator("openai", "anthropic", mode="before")
     @classmethod

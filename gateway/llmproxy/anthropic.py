@@ -135,14 +135,15 @@ class Anthropic(Dialect):
             opening.append([m.get("role"), uncached(m.get("content"))])
         return opening
 
-    def anchor(self, body: Json) -> str | None:
+    def anchors(self, body: Json) -> list[str]:
+        found = []
         for m in messages(body):
             if m.get("role") == "assistant":
                 anchor = Anchor()
                 _anchor_blocks(anchor, _blocks(m))
                 if (value := anchor.value()) is not None:
-                    return value
-        return None
+                    found.append(value)
+        return found
 
     def with_note(self, body: Json, note: str, disable_tools: bool) -> Json:
         out = dict(body)

@@ -7,6 +7,7 @@ OpenAI-compatible servers (vLLM, Ollama, LiteLLM, OpenRouter) speak the same."""
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
 from typing import Any
@@ -52,6 +53,10 @@ def _function(call: Json) -> Json:
     return {}
 
 
+# A chunk's `"usage":null` as its last member, on its data line.
+_USAGE_NULL = re.compile(rb',[ \t]*"usage"[ \t]*:[ \t]*null([ \t]*\}[ \t]*\r?)$', re.MULTILINE)
+
+
 class OpenAIStreamTap(Tap):
     """`data: {chunk}` events: usage from the chunk that carries it, the
     anchor from the first choice's tool calls. With `hide_usage`
@@ -79,6 +84,10 @@ class OpenAIStreamTap(Tap):
                 continue
             if isinstance(obj, dict) and self._read(obj):
                 continue  # the usage chunk the agent did not ask for
+            if self._hide and isinstance(obj, dict) and "usage" in obj and obj["usage"] is None:
+                # Asked for usage, the upstream writes `"usage":null` in every
+                # chunk before the last: not in the stream the agent asked for.
+                raw = _USAGE_NULL.sub(rb"\1", raw, count=1)
             out.append(raw)
         if not self._hide:
             return chunk  # passes through as it came
@@ -186,11 +195,12 @@ class OpenAI(Dialect):
             opening.append([m.get("role"), uncached(m.get("content"))])
         return opening
 
-    def anchor(self, body: Json) -> str | None:
-        for m in messages(body):
-            if m.get("role") == "assistant" and (value := _anchor_message(m)) is not None:
-                return value
-        return None
+    def anchors(self, body: Json) -> list[str]:
+        return [
+            value
+            for m in messages(body)
+            if m.get("role") == "assistant" and (value := _anchor_message(m)) is not None
+        ]
 
     def with_note(self, body: Json, note: str, disable_tools: bool) -> Json:
         out = dict(body)

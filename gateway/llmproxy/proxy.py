@@ -174,6 +174,7 @@ class LlmProxy:
         self.inflight = inflight if inflight is not None else InFlight()
         self.guard = guard
         self.seen = sessions.Seen(store)
+        self.anchors = sessions.Anchors(store)
         self.order = Turns()
         self.chains = sessions.Chains(store)
         self.background = sessions.Background(store)
@@ -286,8 +287,11 @@ class LlmProxy:
             if chain is not None:
                 session = session or chain[0]
                 read = dialect.continued(body, chain[1])
+        # Whether the session is the conversation's own: the header's, a
+        # chain's, or one an answer relayed here named (_named).
+        named = session is not None
         if session is None:
-            session = sessions.fingerprint(dialect, body, credential, dialect.anchor(body))
+            session, named = await self._named(dialect, body, credential)
         try:
             verdict = await self._check(session, dialect, read, raw)
         except StoreError as exc:
@@ -342,9 +346,9 @@ class LlmProxy:
                 # Kept as soon as its id is read (a stream that drops is resumed
                 # by a fetch that may come before this request's end), counted
                 # once whether this answer or a fetch brings it finished.
-                opening = digest(dialect.opening(body)) if session is None else ""
-                pending = sessions.Pending(session, dialect.model(body), digest(credential),
-                                           opening, [])  # fmt: skip
+                opening = "" if named else digest(dialect.opening(body))
+                pending = sessions.Pending(session if named else None, dialect.model(body),
+                                           digest(credential), opening, [])  # fmt: skip
             opened = self._opened(dialect, body, pending) if pending is not None else None
             done = await self._forward(request, api, dialect, tail, data, tap, headers, opened)
             made = tap.continuable[0] if tap.continuable is not None else tap.opened
@@ -355,8 +359,9 @@ class LlmProxy:
                 await self._finished(made, replace(pending, chains=chains), dialect, tap)
                 return done
             if 200 <= done.status < 300:
-                if session is None:
+                if not named:  # its first answer here that calls tools names it from now on
                     session = sessions.fingerprint(dialect, body, credential, tap.anchor)
+                    await self._keep(session)
                 await self._account(session, dialect, body, tap.usage)
                 if tap.continuable is not None and session is not None:
                     keys = dialect.continued_as(body, tap.continuable[0])
@@ -449,6 +454,44 @@ class LlmProxy:
                      event.kind, event.tool, exc)  # fmt: skip
             return None
 
+    async def _named(
+        self, dialect: Dialect, body: Json, credential: str
+    ) -> tuple[str | None, bool]:
+        """The session of a conversation that names none (session.Anchors),
+        and whether it is its own. None before any answer called tools. A
+        history none of whose answers was relayed here as a conversation's
+        first (begun before the proxy was in place, or examples of tool
+        calls in the prompt, the same in every conversation that uses it)
+        is checked under its first answer's session, which it may share:
+        no usage is counted there, and its next answer that calls tools
+        names its own."""
+        anchors = dialect.anchors(body)
+        if not anchors:
+            return None, False
+        key, opening = digest(credential), digest(dialect.opening(body))
+        names = [n for a in anchors if (n := sessions.fingerprint_of(dialect.name, key,
+                                                                      opening, a))]  # fmt: skip
+        try:
+            known = await self.anchors.known(names)
+        except StoreError as exc:
+            log.warning("llm proxy: which session a %s request belongs to could not be read "
+                        "(%s)", dialect.name, exc)  # fmt: skip
+            known = None
+        return (known, True) if known is not None else (names[0], False)
+
+    async def _keep(self, session: str | None) -> None:
+        """A conversation's first answer with tool calls, which names its
+        session from now on; known here before anything is awaited, so the
+        agent's next request, however soon, finds it."""
+        if session is None:
+            return
+        self.anchors.hold(session)
+        try:
+            await self.anchors.keep(session)
+        except StoreError as exc:
+            log.warning("llm proxy: session %s was not kept for the other replicas (%s)",
+                        session, exc)  # fmt: skip
+
     async def _recall(self, previous: str) -> tuple[str, list[list[str]]] | None:
         try:
             return await self.chains.recall(previous)
@@ -523,9 +566,11 @@ class LlmProxy:
             return
         if not first:
             return
-        session = pending.session or sessions.fingerprint_of(
-            dialect.name, pending.key, pending.opening, tap.anchor
-        )
+        session = pending.session
+        if session is None:
+            session = sessions.fingerprint_of(dialect.name, pending.key, pending.opening,
+                                              tap.anchor)  # fmt: skip
+            await self._keep(session)
         # No tool calls and no header: its tokens in the metrics, in no budget (_account).
         await self._account(session, dialect, {"model": pending.model}, tap.usage)
         if tap.continuable is not None and session is not None:
@@ -611,7 +656,9 @@ class LlmProxy:
         headers: dict[str, str] | None = None,
         opened: _Opened | None = None,
     ) -> web.StreamResponse:
-        url = URL(api.upstream + tail, encoded=True)  # `tail` as it came (_tails)
+        # `tail` and the query as they came (_tails): `?flag` stays `?flag`
+        query = request.rel_url.raw_query_string
+        url = URL(api.upstream + tail + ("?" + query if query else ""), encoded=True)
         t = self.config.timeouts
         timeout = aiohttp.ClientTimeout(
             total=None, connect=t.connect_seconds, sock_read=t.read_seconds
@@ -620,7 +667,6 @@ class LlmProxy:
             upstream = await self._session().request(
                 request.method,
                 url,
-                params=request.rel_url.query,
                 data=data,
                 headers=self._headers(request, api, dialect),
                 timeout=timeout,

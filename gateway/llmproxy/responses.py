@@ -102,11 +102,19 @@ def _by_model(item: Json) -> bool:
 def _anchor_of(output: list[Json]) -> str | None:
     """The anchor of the first model turn of `output` (a run of model items)
     that has one: the first that called tools."""
+    found = _anchors_of(output)
+    return found[0] if found else None
+
+
+def _anchors_of(items: list[Json]) -> list[str]:
+    """The anchor of every model turn (a run of model items) that called tools."""
+    found = []
     anchor = Anchor()
-    for item in output:
+    for item in items:
         if not _by_model(item):
             if (value := anchor.value()) is not None:
-                return value  # the end of the turn that called tools
+                found.append(value)  # the end of a turn that called tools
+            anchor = Anchor()
             continue
         kind = _type(item)
         if kind in _CALLS:
@@ -115,7 +123,9 @@ def _anchor_of(output: list[Json]) -> str | None:
                 anchor.ids.append(call_id)
             name, arguments = _call(item, kind) or ("", "")
             anchor.calls.append((name, arguments if isinstance(arguments, str) else ""))
-    return anchor.value()
+    if (value := anchor.value()) is not None:
+        found.append(value)
+    return found
 
 
 def _read_response(response: Json, tap: Tap) -> None:
@@ -211,13 +221,21 @@ class Responses(Dialect):
             opening.append([item.get("role"), uncached(item.get("content"))])
         return opening
 
-    def anchor(self, body: Json) -> str | None:
-        return _anchor_of(items(body))
+    def anchors(self, body: Json) -> list[str]:
+        return _anchors_of(items(body))
 
     def with_note(self, body: Json, note: str, disable_tools: bool) -> Json:
         out = dict(body)
-        out["input"] = [*items(body), {"role": "system", "content": note}]
-        if disable_tools and "tools" in body:
+        instructions = body.get("instructions")
+        if self.continues(body) is not None and isinstance(instructions, str | None):
+            # A conversation the upstream keeps keeps a request's input items
+            # too: as one, the note would stay in its context for every turn
+            # after. A request's instructions are its own.
+            out["instructions"] = f"{instructions}\n\n{note}" if instructions else note
+        else:
+            out["input"] = [*items(body), {"role": "system", "content": note}]
+        # A stored prompt (`prompt: {id}`) may carry the tools on the server.
+        if disable_tools and ("tools" in body or "prompt" in body):
             out["tool_choice"] = "none"
             out.pop("parallel_tool_calls", None)
         return out

@@ -4,13 +4,15 @@ events the guard has not been fed yet.
 A session is the `X-Botbouncer-Session` header when the agent sends one.
 Otherwise it is a fingerprint of the conversation: the API, a digest of the
 credential, the opening (system prompt and first user turn, without prompt
-caching's marks) and the first answer that called tools (those calls' ids,
-unique to that answer). Two conversations that open alike part at their
-first tool call, so they are never one session. Until then a conversation
-has no session: it has no tool events to feed, and the usage of its
-answers of text alone counts toward no budget (send the header to count
-it); the answer that first calls tools has its usage go to the session its
-history names from then on.
+caching's marks) and the first answer that called tools that this proxy
+relayed (those calls' ids, unique to that answer; `Anchors`). Two
+conversations that open alike part at their first tool call, so they are
+never one session, even when their prompt holds the same example of a tool
+call (few-shot examples: an answer no model gave in that conversation).
+Until then a conversation has no session: it has no tool events to feed,
+and the usage of its answers of text alone counts toward no budget (send
+the header to count it); the answer that first calls tools has its usage go
+to the session it names from then on.
 
 An agent sends its whole history on every request. The events the guard has
 been fed are kept per session in the store (one value, the keys of the
@@ -32,6 +34,7 @@ fetched finished.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +69,59 @@ def fingerprint_of(api: str, key: str, opening: str, anchor: str | None) -> str 
     return PREFIX + digest(api, key, opening, anchor)[:40]
 
 
+class Anchors:
+    """The sessions that a conversation's first answer with tool calls,
+    relayed here, named (fingerprint_of). A request's session is the first
+    answer of its history named so; a history that holds none is a
+    conversation's first request (an answer in it may be an example in the
+    prompt, the same in every conversation that uses that prompt).
+
+    Kept in the store with the state TTL, so every replica finds them, and
+    in this process, so the replica that relayed an answer knows it before
+    the agent's next request can be read. The store is asked of the first
+    LOOKED_UP answers of a history only: a replica that did not relay it
+    finds a conversation's session when fewer answers come before it that
+    this proxy did not relay (few-shot examples, or a conversation begun
+    before the proxy was in place)."""
+
+    LOOKED_UP = 8
+    KNOWN = 65_536  # sessions known to this process, the most recently used
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._known: OrderedDict[str, None] = OrderedDict()
+
+    @staticmethod
+    def _name(session: str) -> str:
+        return "llm-anchor:" + session
+
+    async def known(self, names: list[str]) -> str | None:
+        """The first of `names` (a history's answers as sessions, oldest
+        first) that a relayed answer named; None when none did."""
+        for name in names:
+            if name in self._known:
+                self._known.move_to_end(name)
+                return name
+        for name in names[: self.LOOKED_UP]:
+            if await self.store.get_cursor(self._name(name)) is not None:
+                self._hold(name)
+                return name
+        return None
+
+    def hold(self, session: str) -> None:
+        """Known here at once (before anything is awaited); `keep` stores it."""
+        self._hold(session)
+
+    async def keep(self, session: str) -> None:
+        await self.store.set_cursor(self._name(session), "1")
+
+    def _hold(self, session: str) -> None:
+        self._known[session] = None
+        self._known.move_to_end(session)
+        if len(self._known) > self.KNOWN:
+            self._known.popitem(last=False)
+
+
 @dataclass(frozen=True)
 class Held:
     """The verdict on the request that fed a history, when it was a warning
@@ -78,7 +134,13 @@ class Held:
     steps: int  # the session's steps then: a session started over since has fewer
 
     def applies_to(self, request: str, steps: int) -> bool:
-        return self.request == request and steps >= self.steps
+        """To a request that feeds nothing new: the same request sent again,
+        or, for a block, any (the model's final answer nudged on: "please
+        continue" would turn the tools back on, and the same call run again
+        each time). Not once the session started over (DELETE): fewer steps."""
+        if steps < self.steps:
+            return False
+        return self.request == request or self.decision == "block"
 
 
 def _held(value: Any) -> Held | None:
@@ -106,13 +168,14 @@ class Seen:
     """The tool events of a session the guard has been fed, and its verdict
     on the request that fed them (Held).
 
-    The keys kept are those of the last history, then those of the history
-    before it and up to EARLIER more, the newest first: one session may
-    carry two histories in turn (an agent and its sub-agent under one
-    X-Botbouncer-Session), each fed once however long, and a history the
-    agent trims or leaves still drops out, so the value stays about two
-    histories' size."""
+    The keys kept are those of the last history, then the newest of the
+    histories before it, as many as OTHERS histories of the larger of the
+    last two and EARLIER more: one session may carry several histories in
+    turn (an agent and its sub-agents under one X-Botbouncer-Session), each
+    fed once however long, and a history the agent trims or leaves still
+    drops out, so the value stays a few histories' size."""
 
+    OTHERS = 3
     EARLIER = 256
 
     def __init__(self, store: Store) -> None:
@@ -145,7 +208,8 @@ class Seen:
         """The keys of this history, then the newest earlier ones it does not hold."""
         keys = [e.key for e in events]
         now = set(keys)
-        earlier = [k for k in fed.earlier if k not in now][: fed.last + self.EARLIER]
+        kept = self.OTHERS * max(fed.last, len(keys)) + self.EARLIER
+        earlier = [k for k in fed.earlier if k not in now][:kept]
         value: Any = keys
         if earlier or held is not None:
             value = {"keys": keys, "earlier": earlier}

@@ -337,9 +337,10 @@ class Dialect(ABC):
         """The conversation's opening (system prompt and first user turn)."""
 
     @abstractmethod
-    def anchor(self, body: Json) -> str | None:
-        """The history's first answer with tool calls as Anchor.value() says
-        it, or None."""
+    def anchors(self, body: Json) -> list[str]:
+        """Every answer of the history that called tools, oldest first, as
+        Anchor.value() says it (the conversation's session is named by the
+        first the proxy relayed: session.Anchors)."""
 
     @abstractmethod
     def with_note(self, body: Json, note: str, disable_tools: bool) -> Json:
