@@ -50,6 +50,8 @@ EXPOSE 8080
 STOPSIGNAL SIGTERM
 # Liveness: /healthz answers 200 while the daemon runs, "degraded" included
 # (a replica without Redis still decides). No curl in the slim image: Python.
+# Port 8080 is deploy/botbouncer.yml's default listener: a BOTBOUNCER_LISTEN
+# on another port needs `docker run --health-cmd` asking that one.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=15s --retries=3 \
     CMD ["python", "-c", "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=4).status == 200 else 1)"]
 ENTRYPOINT ["botbouncer"]

@@ -66,21 +66,45 @@ class Alert:
         }
 
 
+# The chat command that resets a chat, for a bot the daemon runs on that
+# platform (docs/platforms.md); an `http` bot, or one in decide mode, has none.
+_RESET_COMMAND = {
+    "discord": "/bouncer reset",
+    "slack": "/bouncer reset",
+    "telegram": "/bouncer_reset",
+    "matrix": "!bouncer reset",
+}
+
+
+def _reset_hint(chat: str, bot: BotConfig, *, person: bool) -> str:
+    """What resets `chat`: a person's message when `person` (it zeroes the turn
+    counters, not a pair cooldown), the chat command where `bot`'s chat has
+    one, and the admin API's reset."""
+    command = _RESET_COMMAND.get(bot.platform) if bot.mode == "proxy" else None
+    ways = [
+        *(["a person's message"] if person else []),
+        *([f"`{command}` in the chat"] if command else []),
+        f"the admin API's reset (POST /v1/admin/chats/{chat}/reset)",
+    ]
+    if len(ways) == 1:
+        return ways[0]
+    return ", ".join(ways[:-1]) + (", or " if len(ways) > 2 else " or ") + ways[-1]
+
+
 def _chat_alert(d: Decision, bot: BotConfig) -> Alert | None:
     """The alert a chat decision raises, if any."""
     chat, fields = d.chat, {"bot": d.bot, "author": d.author, "soft": d.soft, "hard": d.hard}
-    reset = (f"a person's message, `/bouncer reset` in the chat, or POST "
-             f"/v1/admin/chats/{chat}/reset")  # fmt: skip
     if d.action is Action.WARN and d.reason in (Reason.TURN_SOFT_LIMIT, Reason.TURN_HARD_LIMIT):
         hard = d.reason is Reason.TURN_HARD_LIMIT
         limit = bot.turns.hard_limit if hard else bot.turns.soft_limit
-        what = ("stopped: no bot answers a bot there" if hard
-                else "throttled: bots answer each other only when addressed")  # fmt: skip
+        # Past either limit every bot message in the chat is dropped
+        # (turn_throttled, turn_stopped), addressed or not.
         return Alert(
             "limit_reached", chat, d.reason.value,
             f"botbouncer: bot loop in {chat}: {'hard' if hard else 'soft'} limit of {limit} bot "
-            f"turns reached (last bot: {d.author}; warned by {d.bot}). The bots are {what} "
-            f"until a person writes. To let them go on: {reset}.",
+            f"turns reached (last bot: {d.author}; warned by {d.bot}). No bot answers a bot there "
+            "until a person writes. To let them go on: "
+            f"{_reset_hint(chat, bot, person=True)}.",
             {**fields, "limit": limit},
         )  # fmt: skip
     if d.reason is Reason.PAIR_COOLDOWN:
@@ -90,7 +114,7 @@ def _chat_alert(d: Decision, bot: BotConfig) -> Alert | None:
             "pair_cooldown", chat, d.reason.value,
             f"botbouncer: {d.bot} and {d.author} answered each other {p.max_events} times "
             f"within {p.window_seconds:g} s in {chat}; they are on cooldown for "
-            f"{p.cooldown_seconds:g} s. To end it now: {reset}.",
+            f"{p.cooldown_seconds:g} s. To end it now: {_reset_hint(chat, bot, person=False)}.",
             fields, (f"pair:{chat}:{pair}", max(1, round(p.cooldown_seconds * 1000))),
         )  # fmt: skip
     if d.reason is Reason.RATE_CAPPED:

@@ -101,7 +101,9 @@ async def test_a_loop_across_three_replicas_is_one_alert(redis_url: str, key_pre
         "turn_soft_limit",
         6,
     )
+    assert "No bot answers a bot there until a person writes." in alert["text"]
     assert "POST /v1/admin/chats/http:room-1/reset" in alert["text"]
+    assert "/bouncer" not in alert["text"]  # an http chat has no chat commands
     assert hook.headers[0]["X-Token"] == "t0k3n-secret"
 
 
@@ -208,6 +210,47 @@ async def test_a_failing_target_is_retried_with_backoff(
                         ("1:discord", "guard_block", "failed"): 1}  # fmt: skip
     assert "not delivered to target 1 (discord): HTTP 500" in caplog.text
     assert secret_url_part not in caplog.text and dead.url not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("bot_config", "command"),
+    [
+        ({"platform": "discord", "token": "x", "backend": {"type": "echo"}}, "`/bouncer reset`"),
+        ({"platform": "telegram", "token": "1:x", "backend": {"type": "echo"}},
+         "`/bouncer_reset`"),
+        ({"platform": "http", "backend": {"type": "echo"}}, None),
+        ({"platform": "discord", "mode": "decide"}, None),  # its own code reads the chat
+    ],
+)  # fmt: skip
+def test_a_chat_alert_says_how_to_reset_with_what_the_chat_has(
+    bot_config: dict[str, Any], command: str | None
+) -> None:
+    # Breaks if an alert tells the admin of an http chat, or of a bot in
+    # decide mode, to type a chat command that nothing there answers; or says
+    # a person's message ends a pair cooldown (it zeroes the turn counters only).
+    from gateway.model import Action, Decision, Reason, Turn
+
+    config = parse_config(yaml.safe_dump({"bots": [{"name": "b1", **bot_config}]}), env={})
+    bot_cfg = config.bots[0]
+    chat = f"{bot_cfg.platform}:c1"
+    api = f"the admin API's reset (POST /v1/admin/chats/{chat}/reset)"
+
+    def text(reason: Reason, action: Action) -> str:
+        d = Decision("b1", "m1", chat, "b2", action, reason, Turn.SOFT_LIMIT, 20, 20)
+        alert = gateway.alerts._chat_alert(d, bot_cfg)
+        assert alert is not None
+        return alert.text
+
+    limit = text(Reason.TURN_SOFT_LIMIT, Action.WARN)
+    cooldown = text(Reason.PAIR_COOLDOWN, Action.DROP)
+    assert "No bot answers a bot there until a person writes." in limit
+    if command is None:
+        assert limit.endswith(f"To let them go on: a person's message or {api}.")
+        assert cooldown.endswith(f"To end it now: {api}.")
+    else:
+        assert limit.endswith(f"To let them go on: a person's message, {command} in the chat, "
+                              f"or {api}.")  # fmt: skip
+        assert cooldown.endswith(f"To end it now: {command} in the chat or {api}.")
 
 
 def test_a_slack_alert_pings_no_one_whatever_the_chat_is_named() -> None:

@@ -114,7 +114,7 @@ def parse(path: Path) -> list[Step]:
                 continue
             steps.append(block)
             runs = block.lang in RUN_LANGS and block.not_run is None
-            last_run = block if runs and block.lang == "sh" else None
+            last_run = block if runs else None
         else:
             if lines[i].strip():
                 last_run = None  # prose between a command and a block: not its output
