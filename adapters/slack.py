@@ -51,7 +51,7 @@ from adapters.common import SendFailed, clean, deliver, split_message
 from gateway.admin import Admin, AdminError
 from gateway.api.common import error
 from gateway.config import BotConfig
-from gateway.errors import BotbouncerError, StartupError
+from gateway.errors import BotbouncerError, StartupError, StartupUnreachable
 from gateway.http import HttpServer
 from gateway.inflight import ShuttingDown
 from gateway.model import Action, Author, ChatKind, ChatRef, Decision, Message
@@ -314,11 +314,12 @@ class SlackAdapter:
             # Slack refuses a token with 200 {"ok": false}; any other status is
             # Slack (or what is in front of it) failing, not the token
             what = "refused the bot token" if exc.response.status_code == 200 else "answered"
-            raise StartupError(f"bot {self.bot.name}: Slack {what}: "
+            kind = StartupError if exc.response.status_code == 200 else StartupUnreachable
+            raise kind(f"bot {self.bot.name}: Slack {what}: "
                                f"{_api_error(exc)}") from None  # fmt: skip
         except (SlackClientError, aiohttp.ClientError, OSError) as exc:
             await self.stop()
-            raise StartupError(f"bot {self.bot.name}: cannot reach Slack at "
+            raise StartupUnreachable(f"bot {self.bot.name}: cannot reach Slack at "
                                f"{self.web.base_url}: {exc}") from None  # fmt: skip
         user_id, self.team = me.get("user_id"), str(me.get("team") or me.get("team_id") or "")
         if not isinstance(user_id, str) or not user_id:
@@ -349,7 +350,9 @@ class SlackAdapter:
                                f"Mode: {_api_error(exc)}") from None  # fmt: skip
         except (SlackClientError, aiohttp.ClientError, OSError) as exc:
             await self.stop()
-            raise StartupError(f"bot {self.bot.name}: cannot open Socket Mode: {exc}") from None
+            raise StartupUnreachable(
+                f"bot {self.bot.name}: cannot open Socket Mode: {exc}"
+            ) from None
         socket_log = logging.getLogger("botbouncer.slack.socket")
         self.socket = SocketModeClient(
             app_token.get_secret_value(), web_client=self.web, logger=socket_log
@@ -441,12 +444,14 @@ class SlackAdapter:
         self, chat: ChatRef, d: Decision, texts: list[str], *, warning: bool = False
     ) -> None:
         """Each piece into the chat: a thread's reply into the thread. Links
-        and names are not expanded (`parse: none`, `link_names: false`)."""
-        if chat.topic is not None:
-            self.threads.posted(chat)
+        and names are not expanded (`parse: none`, `link_names: false`).
+        Once a piece is posted in a thread, the thread addresses the bot (a
+        reply that failed leaves it as it was)."""
 
         async def send(piece: str, index: int) -> str:
-            return await self._send(chat, piece)
+            ts = await self._send(chat, piece)
+            self.threads.posted(chat)
+            return ts
 
         pieces = [p for text in texts for p in split_message(text, MESSAGE_LIMIT)]
         await deliver(self.gateway, d, pieces, send, warning=warning)

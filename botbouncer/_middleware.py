@@ -36,14 +36,19 @@ async def count_sent(
     await bouncer.posted(chat, message_id, text)
 
 
-async def release(bouncer: Bouncer, decision: Decision, log: logging.Logger) -> None:
-    """Give back a ticket the bot sent nothing on (its rate slot and hold)."""
+async def release(
+    bouncer: Bouncer, decision: Decision, log: logging.Logger, *, shared: bool = False
+) -> None:
+    """Give back a ticket the bot sent nothing on (its rate slot and hold).
+    `shared`: a ticket other processes hold too (`Bouncer.decide` with
+    `shared`), which one of them may have sent on or released: no failure."""
     name = bouncer.bot.name
     try:
         await bouncer.release(decision)
     except (UnknownTicket, SpentTicket) as exc:  # lapsed (ticket_seconds) meanwhile
-        log.warning("bot %s: releasing the ticket of %s failed: %s", name,
-                    decision.message_id, exc)  # fmt: skip
+        if not (shared and isinstance(exc, SpentTicket)):
+            log.warning("bot %s: releasing the ticket of %s failed: %s", name,
+                        decision.message_id, exc)  # fmt: skip
     except StoreError as exc:
         log.error("bot %s: releasing the ticket of %s failed: %s; its slot comes back when "
                   "the ticket lapses", name, decision.message_id, exc)  # fmt: skip

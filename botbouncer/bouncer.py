@@ -26,6 +26,7 @@ import json
 import os
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager
+from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
@@ -38,12 +39,17 @@ from gateway.config import (
     load_config,
     parse_config,
 )
-from gateway.decide import Decider
-from gateway.model import Action, Decision, Message, Turn
+from gateway.decide import Decider, StoreTickets
+from gateway.model import Action, Decision, Message, Reason, Turn
 from gateway.outbound import Outbound
 from gateway.pipeline import Gateway, context_for
 from gateway.store import SentResult, Store, open_store
-from gateway.store.tickets import ProcessTickets
+from gateway.store.tickets import ISSUED, ProcessTickets
+
+# The ticket of a decision filed in the store under a key (`Bouncer.decide`
+# with `shared`): this prefix, then the key. A process ticket
+# (secrets.token_urlsafe) never holds a ':'.
+SHARED = "shared:"
 
 ConfigSource = str | os.PathLike[str] | Config | Mapping[str, Any] | None
 
@@ -130,6 +136,9 @@ class Bouncer:
         self.gateway = Gateway(self.bot, self.store, None, classifier=classifier, clock=clock)
         # Its tickets never leave this process: kept here, not filed in the store
         self._decider = Decider(self.gateway, ProcessTickets())
+        # ... but for a decision shared with other processes: filed in the store
+        self._filed = StoreTickets(self.store)
+        self._shared = Decider(self.gateway, self._filed)
 
     @property
     def bot_id(self) -> str:
@@ -141,19 +150,54 @@ class Bouncer:
     def bot_id(self, value: str) -> None:
         self.gateway.bot_id = value
 
-    async def decide(self, message: Message) -> Decision:
-        """May the bot answer `message`? `reply` and `warn` carry a ticket."""
-        return await self._decider.decide(message)
+    async def decide(self, message: Message, *, shared: str | None = None) -> Decision:
+        """May the bot answer `message`? `reply` and `warn` carry a ticket.
+
+        `shared`, a key naming the message (its chat key and id, say): the
+        decision is filed in the store under it for the bot's
+        `ticket_seconds`, whatever it is, so that another process of the bot
+        on the same store that is handed the same message (Slack sends a
+        mention as two events) finds it with `shared(key)`, and its ticket
+        is good in every such process. A `duplicate` is not filed: the
+        decision filed first stands."""
+        if shared is None:
+            return await self._decider.decide(message)
+        d = await self.gateway.handle(message)
+        if d.reason is Reason.DUPLICATE:
+            return d
+        await self._filed.issue(self._shared._filed(shared), d, self._shared.ttl_ms(),
+                                self.gateway.now_ms())  # fmt: skip
+        return d if d.action is Action.DROP else replace(d, ticket=SHARED + shared)
+
+    async def shared(self, key: str) -> Decision | None:
+        """The decision `decide(..., shared=key)` filed (in any process on
+        the store), with its ticket; None when there is none: not filed
+        yet, or lapsed. Its ticket may have been sent on or released since."""
+        # spending a ticket as `issued` leaves it as it is: a read
+        found = await self._filed.spend(self._shared._filed(key), ISSUED, self.gateway.now_ms())
+        if found is None:
+            return None
+        d = found[1]
+        return d if d.action is Action.DROP else replace(d, ticket=SHARED + key)
 
     async def sent(
         self, ticket: str | Decision, ids: Sequence[str], texts: Sequence[str] | None = None
     ) -> list[SentResult]:
         """The bot sent these messages for a `reply` or `warn` decision."""
-        return await self._decider.sent(_ticket(ticket), ids, texts)
+        decider, name = self._ticket(ticket)
+        return await decider.sent(name, ids, texts)
 
     async def release(self, ticket: str | Decision) -> Decision:
         """The bot sent nothing for a `reply` decision: its slot goes back."""
-        return await self._decider.release(_ticket(ticket))
+        decider, name = self._ticket(ticket)
+        return await decider.release(name)
+
+    def _ticket(self, ticket: str | Decision) -> tuple[Decider, str]:
+        """Who keeps the ticket (this process, or the store), and its name there."""
+        name = _ticket(ticket)
+        if name.startswith(SHARED):
+            return self._shared, name[len(SHARED) :]
+        return self._decider, name
 
     async def posted(self, chat: str, message_id: str, text: str = "") -> SentResult:
         """Count a message the bot sent on its own (not for a decided message:

@@ -31,7 +31,7 @@ its tokens.
   (`process_before_response=False`) a listener runs in a task of its own
   after the event was acknowledged; with `True` it runs before. Either way
   the handling ends when the listener returned or raised: a ticket under
-  which nothing was sent is then released.
+  which nothing was sent is then released (a mention's: see below).
 - `api_call` of the app's `AsyncWebClient` (`app.client`) and of the client
   Bolt makes for each request (`context.client`, `client`, what `say` posts
   with), wrapped: every slack_sdk Web API method goes through `api_call`, so
@@ -44,27 +44,31 @@ its tokens.
   thread under the message, `say(..., thread_ts=message["ts"])`, is the
   thread's turn: counted there, and the message's ticket is released, so
   the channel's rate cap does not see answers given in threads, while the
-  turn limits hold in the thread). A post in a thread also
-  marks the thread as one the bot is in (`Threads`). A failure to count is
+  turn limits hold in the thread). A post in a thread, once Slack took it,
+  also marks the thread as one the bot is in (`Threads`). A failure to count is
   logged: the message was posted, and the app's code is told so. `api_call`
   rather than `say` (listeners post with `client` too) or the HTTP session
   (shared with every other call, and below slack_sdk's retries of a 429,
   which post once): one place that sees each post once, with its answer.
 
-Slack delivers a message twice when the app subscribes to both `message`
-and `app_mention` events: the first event to arrive is decided, the other one
-gets the same decision (the same ticket) without a store call; should the
-first one's listeners have ended with nothing posted before the other event
-arrived, the ticket was released, and what the other's listeners post is
-counted as the bot's own turn. A delivery
-Slack repeats (a retry, a redelivered envelope) carries the same `ts` and is
-decided `duplicate` by the store: its listeners do not run again. A message
-the guard cannot read (no channel, ts or author) passes through undecided,
-with an INFO line, as Bolt would hand it on; edits, deletions and every other
-event pass through untouched. When the store is unreachable (`StoreError`)
-the message is acknowledged, no listener runs, and an ERROR line says so (a
-chat where bots loop is exactly where failing open would hurt; a person can
-ask again).
+Slack delivers a message that mentions the app twice when the app subscribes
+to both `message` and `app_mention` events, and replicas of the app (processes
+whose Bouncers share one Redis) may get one each: the first event to arrive is
+decided and its decision filed in the store (`Bouncer.decide` with `shared`);
+the other one gets the same decision and ticket, from the first in the same
+process, else from the store, and runs its listeners under it. A claim in the
+store per kind of event lets each run once. The ticket is released once both
+events' listeners ended with nothing posted; when the first one's ended before
+the other event came, and a listener of the app would take that event, the
+ticket waits for it, up to `other_event_seconds` (10 s), after which the other
+event is taken as a repeat. A delivery Slack repeats (a retry, a redelivered
+envelope) carries the same `ts` and is decided `duplicate` by the store: its
+listeners do not run again. A message the guard cannot read (no channel, ts
+or author) passes through undecided, with an INFO line, as Bolt would hand it
+on; edits, deletions and every other event pass through untouched. When the
+store is unreachable (`StoreError`) the message is acknowledged, no listener
+runs, and an ERROR line says so (a chat where bots loop is exactly where
+failing open would hurt; a person can ask again).
 
 Not covered: messages posted by other means than the app's clients (an
 `AsyncWebClient` of your own, `respond()` and response URLs, incoming
@@ -85,7 +89,8 @@ listeners, or counted then when they were posted another way.
 
 The Bouncer is the caller's to close (`async with Bouncer(...)`, after the
 Socket Mode handler closed); `SlackGuard.idle()` waits until the requests
-received so far are handled.
+received so far are handled (`held=True`: also until the tickets waiting for a
+mention's other event are settled).
 """
 
 from __future__ import annotations
@@ -118,7 +123,7 @@ from adapters.slack import PayloadError, People, Threads, escape, from_event
 from botbouncer._middleware import count_sent, release
 from botbouncer.bouncer import Bouncer
 from gateway.config import ConfigError
-from gateway.model import Action, ChatRef, Decision, Message
+from gateway.model import Action, ChatRef, Decision, Message, Reason
 from gateway.store import StoreError
 
 __all__ = ["SlackGuard", "guard"]
@@ -132,6 +137,13 @@ MESSAGE_EVENTS = frozenset({"message", "app_mention"})
 # Messages whose decision is remembered for their other event (message and
 # app_mention of one message arrive together).
 DECIDED_REMEMBERED = 1024
+# How long a mention's ticket nothing was sent on waits for the mention's other
+# event (Slack sends both at once) when a listener of the app would take it.
+OTHER_EVENT_SECONDS = 10.0
+# How long the other event of a mention decided in another process waits for
+# that decision to be filed in the store (one store call away, plus the reply
+# decision's classifier when the bot has one).
+FILED_WITHIN = 2.0
 
 
 # AsyncWebClient.api_call(api_method, *, http_verb=..., params=..., data=..., json=..., ...)
@@ -141,12 +153,23 @@ _ApiCall = Callable[..., Awaitable[AsyncSlackResponse]]
 @dataclass(eq=False)
 class _Ticket:
     """A `reply` or `warn` decision and what was sent on it; one per
-    message, shared by its events (message and app_mention)."""
+    message, shared by its events (message and app_mention) handled here."""
 
     decision: Decision
+    kinds: set[str]  # the message's events handled here under it
+    shared: str | None = None  # a mention's: the key it is filed under in the store
+    body: dict[str, Any] | None = None  # a mention's first request: its other event's listeners
+    first: bool = True  # decided here, not for the other event in another process
     handlings: int = 0  # requests of the message still being handled
     sent: int = 0  # messages counted under it
-    settled: bool = False  # released: later posts are the bot's own turns
+    settled: bool = False  # released, or left to another process: later posts are own turns
+    wait: asyncio.TimerHandle | None = None  # waiting for the other event (a mention's)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # the store calls that settle it
+
+    def settle(self) -> None:
+        """Released, or left to another process: nothing more to do here."""
+        self.settled = True
+        self.body = None
 
 
 @dataclass(eq=False)
@@ -205,6 +228,12 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def _other(kind: str) -> str:
+    """The other event kind of a mention: app_mention for message, and back."""
+    (other,) = MESSAGE_EVENTS - {kind}
+    return other
+
+
 class _Completion(AsyncListenerCompletionHandler):
     """Bolt's listener completion handler, then the guard hears of it."""
 
@@ -237,6 +266,8 @@ class SlackGuard(AsyncMiddleware):
         self._seen: OrderedDict[tuple[str, str], _Seen] = OrderedDict()
         self._open: set[_Handling] = set()
         self._tasks: set[asyncio.Task[Any]] = set()  # releases
+        self._waiting: set[_Ticket] = set()  # tickets waiting for a mention's other event
+        self.other_event_seconds = OTHER_EVENT_SECONDS
         self._quiet = asyncio.Event()
         self._quiet.set()
 
@@ -256,11 +287,12 @@ class SlackGuard(AsyncMiddleware):
         self._wrap(self.app.client)
         self.app.middleware(self)
 
-    async def idle(self) -> None:
+    async def idle(self, *, held: bool = False) -> None:
         """Until every request received so far is handled: its listeners
         ended, its ticket sent on or released (tests; before closing the
-        Bouncer)."""
-        while self._open or self._tasks:
+        Bouncer). A mention's ticket that waits for the mention's other event
+        is waited for only with `held` (at most `other_event_seconds`)."""
+        while self._open or self._tasks or (held and self._waiting):
             self._quiet.clear()
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -342,17 +374,33 @@ class SlackGuard(AsyncMiddleware):
 
     def _handled(self, handling: _Handling) -> None:
         """The request and its listeners are done: a ticket nothing was sent
-        on (by any event of its message) is released."""
+        on (by any event of its message) is released; a mention's, whose
+        other event may run listeners elsewhere or still come, is settled by
+        `_alone`."""
         self._open.discard(handling)
         ticket = handling.ticket
         if ticket is not None:
             ticket.handlings -= 1
             if ticket.handlings == 0 and ticket.sent == 0 and not ticket.settled:
-                ticket.settled = True
-                task = asyncio.ensure_future(release(self.bouncer, ticket.decision, log))
-                self._tasks.add(task)
-                task.add_done_callback(self._released)
+                if (
+                    ticket.shared is not None
+                    and ticket.decision.action is Action.REPLY
+                    and len(ticket.kinds) < len(MESSAGE_EVENTS)
+                ):
+                    self._start(self._alone(ticket))
+                else:
+                    self._release(ticket)
         self._maybe_quiet()
+
+    def _release(self, ticket: _Ticket) -> None:
+        ticket.settle()
+        shared = ticket.shared is not None
+        self._start(release(self.bouncer, ticket.decision, log, shared=shared))
+
+    def _start(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._released)
 
     def _released(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
@@ -361,6 +409,153 @@ class SlackGuard(AsyncMiddleware):
     def _maybe_quiet(self) -> None:
         if not self._open and not self._tasks:
             self._quiet.set()
+
+    # -- a mention: two events, maybe in two processes -----------------------------------
+    #
+    # Slack sends a message that mentions the app as a `message` event and an
+    # `app_mention` event, which replicas of the app may get one each. The
+    # first event decides (its decision is filed in the store under the
+    # message); the other gets that decision and ticket (here, or from the
+    # store), once a claim in the store says this kind of event was not
+    # handled already (else it is a repeat: duplicate). A ticket nothing was
+    # sent on is released when the last of the two handlings ends: the one
+    # that finds the `ended` claim taken. The first event's, when its other
+    # event has not come, waits for it (other_event_seconds), then claims that
+    # kind itself: it came elsewhere (which releases), or it is shut out.
+
+    def _claim_name(self, key: str, what: str) -> str:
+        return f"{self.bot}/{key}/{what}"
+
+    async def _claim(self, key: str, what: str) -> bool:
+        """Whether this is the first claim of `what` (an event kind, `ended`)
+        for the mention filed under `key`, by any process on the store."""
+        ttl_ms = round(self.bouncer.bot.ticket_seconds * 1000)
+        return await self.bouncer.store.claim(self._claim_name(key, what), ttl_ms)
+
+    def _unsettled(self, ticket: _Ticket, exc: StoreError) -> None:
+        ticket.settle()
+        log.error("bot %s: settling the ticket of %s failed: %s; its slot comes back when the "
+                  "ticket lapses", self.bot, ticket.decision.message_id, exc)  # fmt: skip
+
+    async def _listens(self, body: Mapping[str, Any], kind: str) -> bool:
+        """Whether a listener of the app would run for the message's `kind`
+        event (Bolt's matchers, on a copy of the request made that kind);
+        True when that cannot be told."""
+        listeners = getattr(self.app, "_async_listeners", None)
+        event = body.get("event")
+        if not isinstance(listeners, list) or not isinstance(event, dict):
+            return True
+        other = AsyncBoltRequest(body={**body, "event": {**event, "type": kind}},
+                                 mode="socket_mode")  # fmt: skip
+        resp = BoltResponse(status=200, body="")
+        for listener in listeners:
+            try:
+                if await listener.async_matches(req=other, resp=resp):
+                    return True
+            except Exception:  # a matcher of the app's that needs more: it may run
+                return True
+        return False
+
+    def _settling(self, ticket: _Ticket) -> bool:
+        """Whether the ticket is still one to release here: nothing sent on
+        it, no handling of it open, not settled."""
+        return not (ticket.handlings or ticket.sent or ticket.settled)
+
+    async def _alone(self, ticket: _Ticket) -> None:
+        """A mention's ticket nothing was sent on, whose handling here ended
+        and whose other event was not handled here."""
+        assert ticket.shared is not None
+        async with ticket.lock:
+            if not self._settling(ticket) or len(ticket.kinds) > 1:
+                return  # the other event came here meanwhile: its handling settles it
+            other = _other(next(iter(ticket.kinds)))
+            if ticket.first and not await self._listens(ticket.body or {}, other):
+                self._release(ticket)  # no listener takes the other event: nothing to wait for
+                return
+            try:
+                last = not await self._claim(ticket.shared, "ended")
+            except StoreError as exc:
+                return self._unsettled(ticket, exc)
+            if not self._settling(ticket):
+                return
+            if last:  # the other event's handling (elsewhere) ended first
+                self._release(ticket)
+            elif not ticket.first:  # the first event's, elsewhere, still runs: it releases
+                ticket.settle()
+            else:
+                self._waiting.add(ticket)
+                ticket.wait = asyncio.get_running_loop().call_later(
+                    self.other_event_seconds, self._waited, ticket
+                )
+
+    def _waited(self, ticket: _Ticket) -> None:
+        ticket.wait = None
+        self._waiting.discard(ticket)
+        self._start(self._shut_out(ticket))
+
+    async def _shut_out(self, ticket: _Ticket) -> None:
+        """The mention's other event did not come here in time: claimed, it
+        will be a repeat wherever it comes; if it came elsewhere, that
+        handling releases the ticket when it ends."""
+        assert ticket.shared is not None
+        async with ticket.lock:
+            if not self._settling(ticket) or len(ticket.kinds) > 1:
+                return
+            try:
+                shut = await self._claim(ticket.shared, _other(next(iter(ticket.kinds))))
+            except StoreError as exc:
+                return self._unsettled(ticket, exc)
+            if shut:
+                self._release(ticket)
+            else:
+                ticket.settle()
+
+    async def _joins(self, ticket: _Ticket, kind: str) -> bool:
+        """The other event of a mention decided here: whether it runs the
+        listeners under its ticket (False: it was handled elsewhere, a
+        repeat)."""
+        assert ticket.shared is not None
+        async with ticket.lock:
+            if ticket.wait is not None:
+                ticket.wait.cancel()
+                ticket.wait = None
+                self._waiting.discard(ticket)
+                waited = True
+            else:
+                waited = False
+            try:
+                claimed = await self._claim(ticket.shared, kind)
+            except StoreError:
+                return False  # decided anew: the store's error is logged then
+            if not claimed:
+                # handled by another process; after `ended` was claimed here, it releases
+                if waited and self._settling(ticket):
+                    ticket.settle()
+                return False
+            ticket.kinds.add(kind)
+            return True
+
+    async def _filed(self, msg: Message, key: str) -> Decision | None:
+        """The decision another process filed for the message's other event
+        (it may still be deciding); None when there is none in time."""
+        loop = asyncio.get_running_loop()
+        rd = self.bouncer.bot.reply_decision
+        until = loop.time() + FILED_WITHIN + (rd.timeout_seconds if rd.enabled else 0.0)
+        pause = 0.01
+        while True:
+            try:
+                d = await self.bouncer.shared(key)
+            except StoreError as exc:
+                log.error("bot %s: message %s not handled: %s", self.bot, msg.id, exc)
+                return None
+            if d is not None:
+                return d
+            if loop.time() >= until:
+                log.info("bot %s: message %s was decided for its other event, but no decision "
+                         "was filed; taken as a duplicate", self.bot, msg.id)  # fmt: skip
+                return None
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.2)
 
     # -- deciding ----------------------------------------------------------------------
 
@@ -402,7 +597,9 @@ class SlackGuard(AsyncMiddleware):
                 await self._count_own(msg)
             return await next()
         msg = await self.people.unmask(msg, event, req.context.client)
-        decided = await self._decided(msg, str(event["type"]))
+        # a mention comes as two events, which replicas of the app may get one each
+        shared = f"slack/{msg.chat.key}/{msg.id}" if me in msg.mentions else None
+        decided = await self._decided(msg, str(event["type"]), shared, req.body)
         if decided is None:
             return await req.context.ack()
         d, ticket, first = decided
@@ -422,42 +619,85 @@ class SlackGuard(AsyncMiddleware):
         return await req.context.ack()
 
     async def _decided(
-        self, msg: Message, event_type: str
+        self, msg: Message, kind: str, shared: str | None, body: dict[str, Any]
     ) -> tuple[Decision, _Ticket | None, bool] | None:
         """The message's decision and ticket, and whether this event made it;
         None when it could not be decided (logged). The other event of a
-        message decided already gets its decision; a repeated delivery is
-        the store's to decide (duplicate)."""
+        message decided already gets its decision (a mention's: unless that
+        kind of event was handled by another process already); a repeated
+        delivery is the store's to decide (duplicate). `shared`: a mention's
+        key in the store, where its decision is filed for its other event."""
         key = (msg.chat.key, msg.id)
         seen = self._seen.get(key)
-        if seen is not None and event_type not in seen.events:
-            seen.events.add(event_type)
+        if seen is not None and kind not in seen.events:
+            seen.events.add(kind)
             earlier = await asyncio.shield(seen.decided)
-            if earlier is not None:
-                return earlier[0], earlier[1], False
-            seen = None  # its decision failed: this event tries again
-        mine = _Seen({event_type})
+            if earlier is None:
+                seen = None  # its decision failed: this event tries again
+            else:
+                d, ticket = earlier
+                if (
+                    ticket is None
+                    or ticket.shared is None
+                    or d.action is not Action.REPLY
+                    or await self._joins(ticket, kind)
+                ):
+                    return d, ticket, False
+        mine = _Seen({kind})
         if seen is None:
             self._seen[key] = mine
             while len(self._seen) > DECIDED_REMEMBERED:
                 self._seen.popitem(last=False)
-        outcome: tuple[Decision, _Ticket | None] | None = None
+        outcome: tuple[Decision, _Ticket | None, bool] | None = None
         try:
-            d = await self._decide(msg)
-            if d is not None:
-                outcome = (d, None if d.ticket is None else _Ticket(d))
-        finally:  # cancelled too: the other event then decides on its own
+            if shared is None:
+                made = await self._decide(msg)
+                if made is not None:
+                    ticket = None if made.ticket is None else _Ticket(made, {kind})
+                    outcome = (made, ticket, True)
+            else:
+                outcome = await self._decide_mention(msg, kind, shared, body)
+        finally:
+            # None: the other event decides on its own (this one was cancelled,
+            # failed, or was a repeat, which says nothing of the other event)
+            shown = None if outcome is None or outcome[0].reason is Reason.DUPLICATE else outcome
             if not mine.decided.done():
-                mine.decided.set_result(outcome)
-        if outcome is None:
-            if self._seen.get(key) is mine:
-                del self._seen[key]
-            return None
-        return outcome[0], outcome[1], True
+                mine.decided.set_result(None if shown is None else shown[:2])
+        if shown is None and self._seen.get(key) is mine:
+            del self._seen[key]
+        return outcome
 
-    async def _decide(self, msg: Message) -> Decision | None:
+    async def _decide_mention(
+        self, msg: Message, kind: str, key: str, body: dict[str, Any]
+    ) -> tuple[Decision, _Ticket | None, bool] | None:
+        """A mention's event: its kind claimed (or it is a repeat), then
+        decided, the decision filed under `key`; should the store have
+        decided the message already, this is its other event, and the
+        decision another process filed is its own (without a ticket when it
+        is not `reply`: the warning is the first event's to post)."""
         try:
-            return await self.bouncer.decide(msg)
+            claimed = await self._claim(key, kind)
+        except StoreError as exc:
+            log.error("bot %s: message %s not handled: %s", self.bot, msg.id, exc)
+            return None
+        d = await self._decide(msg, key)
+        if d is None:
+            return None
+        if d.reason is not Reason.DUPLICATE:
+            ticket = None if d.ticket is None else _Ticket(d, {kind}, shared=key, body=body)
+            return d, ticket, True
+        if not claimed:  # this kind of event was handled before: a repeat
+            return d, None, True
+        earlier = await self._filed(msg, key)
+        if earlier is None:
+            return d, None, True
+        if earlier.action is not Action.REPLY:
+            return earlier, None, False
+        return earlier, _Ticket(earlier, {kind}, shared=key, first=False), False
+
+    async def _decide(self, msg: Message, shared: str | None = None) -> Decision | None:
+        try:
+            return await self.bouncer.decide(msg, shared=shared)
         except StoreError as exc:
             log.error("bot %s: message %s not handled: %s", self.bot, msg.id, exc)
         except Exception:
@@ -510,10 +750,10 @@ class SlackGuard(AsyncMiddleware):
         params = _params(kwargs)
         channel, thread = _text(params.get("channel")), _text(params.get("thread_ts"))
         where = None if channel is None else ChatRef("slack", channel, topic=thread)
-        if where is not None:
-            self.threads.posted(where)  # a reply there addresses the bot at once
         with self.bouncer.sending(where.key) if where is not None else nullcontext():
             answer = await call(api_method, **kwargs)
+            if where is not None:  # posted: a reply there addresses the bot (not before)
+                self.threads.posted(where)
             try:
                 await self._count(call, api_method, answer, params)
             except StoreError as exc:
@@ -555,6 +795,7 @@ class SlackGuard(AsyncMiddleware):
         ):
             d = ticket.decision
             ticket.sent += 1  # before any await: the release at the end sees it
+            ticket.body = None  # nothing to release: its other event's listeners do not matter
         await count_sent(self.bouncer, d, chat.key, ts, text, log)
 
 

@@ -448,7 +448,7 @@ def document() -> dict[str, Any]:
                         s401="Slack: a bad or stale signature; the body was not read",
                         s403="Telegram: wrong or missing secret token; the update was not read",
                         s404="no bot here takes webhooks under that name",
-                        s413="the body is over 64 KiB",
+                        s413="the body is over 1 MiB (a platform's largest event)",
                         s503=_STORE_DOWN + "; the platform delivers it again",
                     ),
                 },

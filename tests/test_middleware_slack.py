@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager, suppress
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
 from slack_bolt.context.say.async_say import AsyncSay
 from slack_bolt.listener.asyncio_runner import AsyncioListenerRunner
+from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from botbouncer import Bouncer, ConfigError
@@ -478,9 +479,9 @@ async def test_message_and_app_mention_of_one_message_share_its_decision(
     fake: FakeSlack, decisions: Decisions
 ) -> None:
     """An app subscribed to both gets a mention twice: as `app_mention` and as
-    `message`. The first decides, the other gets the same decision without a
-    store call; the answer is counted under its ticket. A repeat of either is
-    a duplicate."""
+    `message`. The first decides, the other gets the same decision without
+    deciding again; the answer is counted under its ticket. A repeat of
+    either is a duplicate."""
     async with Bouncer(config("alpha", respond_to="mentions"), platform="slack") as bouncer:
         app, g, shown = bolt(fake, ALPHA, bouncer, lambda **_: asyncio.sleep(0))
         mentioned: list[Json] = []
@@ -508,6 +509,138 @@ async def test_message_and_app_mention_of_one_message_share_its_decision(
     assert [e["ts"] for e in mentioned] == [said["ts"]]
     assert [m["ts"] for m in shown] == [said["ts"]]
     assert [m["text"] for m in fake.messages(CHAN)] == [said["text"], "you called?"]
+
+
+def mention_app(
+    fake: FakeSlack, bouncer: Bouncer, answered: list[str]
+) -> tuple[AsyncApp, SlackGuard]:
+    """The usual Bolt app for mentions: an app_mention listener that answers
+    (each event's ts into `answered`), and Bolt's suggested no-op listener
+    for the message events it is subscribed to as well."""
+    app, g, _ = bolt(fake, ALPHA, bouncer, lambda **_: asyncio.sleep(0))
+
+    @app.event("app_mention")
+    async def on_mention(event: Json, say: AsyncSay) -> None:
+        answered.append(event["ts"])
+        await say("you called?")
+
+    return app, g
+
+
+def mentioned(fake: FakeSlack, text: str) -> tuple[Json, dict[str, Json]]:
+    """A person's message in the channel, and its two events by kind."""
+    said = new_message(fake.world, fake.world.users[ALICE], text)
+    fake.world.channels[CHAN].messages.append(said)
+    message = fake.message_event(CHAN, said)
+    return said, {"message": message, "app_mention": {**message, "type": "app_mention"}}
+
+
+@pytest.mark.parametrize("first", ["message", "app_mention"])
+async def test_replicas_answer_a_mention_once_whichever_gets_which_event(
+    fake: FakeSlack, stores: StoreFactory, decisions: Decisions, first: str
+) -> None:
+    # Breaks if a mention's two events are decided together only within one
+    # process: with two replicas of the app on one store, the one Slack gave
+    # the `message` event ran no app_mention listener and released the ticket,
+    # the one it gave the `app_mention` event was told `duplicate`, and the
+    # person's mention was never answered.
+    store, other = await stores(2)
+    policy = {"respond_to": "mentions"}
+    answered: list[str] = []
+    async with (
+        Bouncer(config("alpha", **policy), platform="slack", store=store) as b1,
+        Bouncer(config("alpha", **policy), platform="slack", store=other) as b2,
+    ):
+        a1, g1 = mention_app(fake, b1, answered)
+        a2, g2 = mention_app(fake, b2, answered)
+        async with online(fake, (a1, ALPHA)), online(fake, (a2, ALPHA)):
+            await fake.wait_until(lambda: fake.connected(ALPHA) == 2, what="both replicas")
+            alpha = fake.world.apps[ALPHA]
+            said, events = mentioned(fake, f"<@{A_USER}> hi")
+            second = "app_mention" if first == "message" else "message"
+            await fake.deliver_event(alpha, events[first], socket=0)  # the first replica
+            await decisions.wait(said["ts"], A_USER)
+            await fake.deliver_event(alpha, events[second], socket=1)  # the second
+            [_, reply] = await fake.wait_for_messages(CHAN, 2)
+            await fake.wait_until(lambda: not fake.pending(ALPHA), what="both acked")
+            await idle(g1, g2)()
+            assert reply["text"] == "you called?"
+            assert await status(store, chat(CHAN), A_USER) == (1, 1)  # under its ticket
+            # Slack repeats the second event, to the other replica: a duplicate
+            again = await fake.deliver_event(alpha, events[second], socket=0)
+            await fake.wait_until(lambda: again.acked, what="the repeat acked")
+            await idle(g1, g2)()
+            assert await status(store, chat(CHAN), A_USER) == (1, 1)
+            logged = [(e["action"], e["reason"]) for e in await store.decisions(chat(CHAN))]
+    assert answered == [said["ts"]]
+    assert [m["text"] for m in fake.messages(CHAN)] == [said["text"], "you called?"]
+    assert sorted(logged, key=str) == [("drop", "duplicate")] * 2 + [("reply", None)]
+
+
+async def test_a_mention_answered_on_its_app_mention_event_counts_against_the_rate_cap(
+    fake: FakeSlack, decisions: Decisions
+) -> None:
+    # Breaks if the `message` event of a mention, whose listener posts nothing,
+    # releases the ticket before the `app_mention` event came: the answer was
+    # counted as the bot's own turn, outside the rate cap (three mentions got
+    # three answers with max_replies 1), and `why` said `drop backend_empty`
+    # for every mention answered.
+    policy = {"respond_to": "mentions", "rate_cap": {"max_replies": 1, "window_seconds": 3600}}
+    answered: list[str] = []
+    async with Bouncer(config("alpha", **policy), platform="slack") as bouncer:
+        app, g = mention_app(fake, bouncer, answered)
+        async with online(fake, (app, ALPHA)):
+            alpha = fake.world.apps[ALPHA]
+            asked = []
+            for i in range(3):
+                said, events = mentioned(fake, f"<@{A_USER}> hi {i}")
+                asked.append(said["ts"])
+                await fake.deliver_event(alpha, events["message"])  # Slack's usual order
+                await decisions.wait(said["ts"], A_USER)
+                await fake.wait_until(lambda: not fake.pending(ALPHA), what="acked")
+                await g.idle()  # the message's listener, Bolt's no-op, ended
+                await fake.deliver_event(alpha, events["app_mention"])
+                await fake.wait_until(lambda: not fake.pending(ALPHA), what="acked")
+                await g.idle()
+            assert await status(bouncer.store, chat(CHAN), A_USER) == (0, 1)
+            why = {e["id"]: (e["action"], e["reason"])
+                   for e in await bouncer.store.decisions(chat(CHAN))}  # fmt: skip
+    assert answered == asked[:1]
+    texts = [m["text"] for m in fake.messages(CHAN)]
+    assert texts == [f"<@{A_USER}> hi 0", "you called?", f"<@{A_USER}> hi 1", f"<@{A_USER}> hi 2"]
+    assert [why[ts] for ts in asked] == [("reply", None)] + [("drop", "rate_capped")] * 2
+
+
+async def test_a_mentions_ticket_waits_for_its_other_event_for_a_while_only(
+    fake: FakeSlack, decisions: Decisions
+) -> None:
+    # Breaks if the ticket of a mention whose `message` event ended with
+    # nothing posted is released at once, or never: Slack sends the
+    # `app_mention` event beside it, and its listener answers under that
+    # ticket; but an app_mention that does not come (the app is not
+    # subscribed to it) must not keep the rate slot until the ticket lapses.
+    policy = {"respond_to": "mentions", "rate_cap": {"max_replies": 1}}
+    answered: list[str] = []
+    async with Bouncer(config("alpha", **policy), platform="slack") as bouncer:
+        app, g = mention_app(fake, bouncer, answered)
+        g.other_event_seconds = 0.3
+        async with online(fake, (app, ALPHA)):
+            said, events = mentioned(fake, f"<@{A_USER}> hi")
+            await fake.deliver_event(fake.world.apps[ALPHA], events["message"])
+            await decisions.wait(said["ts"], A_USER)
+            await fake.wait_until(lambda: not fake.pending(ALPHA), what="acked")
+            await g.idle()
+            assert await status(bouncer.store, chat(CHAN), A_USER) == (0, 1)  # held
+            await g.idle(held=True)
+            assert await status(bouncer.store, chat(CHAN), A_USER) == (0, 0)
+            [entry] = await bouncer.store.decisions(chat(CHAN))
+            assert (entry["id"], entry["reason"]) == (said["ts"], "backend_empty")
+            # the app_mention that comes after all is taken as a repeat
+            late = await fake.deliver_event(fake.world.apps[ALPHA], events["app_mention"])
+            await fake.wait_until(lambda: late.acked, what="the late one acked")
+            await g.idle()
+    assert answered == []
+    assert [d["reason"] for d in decisions.seen] == [None, "backend_empty", "duplicate"]
 
 
 async def test_a_reply_in_a_thread_makes_the_thread_address_the_bot(
@@ -538,6 +671,36 @@ async def test_a_reply_in_a_thread_makes_the_thread_address_the_bot(
             assert (answer["text"], answer["thread_ts"]) == ("on it", asked["ts"])
             await g.idle()
             assert await status(bouncer.store, thread, A_USER) == (1, 1)  # a person reset it
+
+
+async def test_a_post_slack_refused_in_a_thread_does_not_make_it_address_the_bot(
+    fake: FakeSlack, decisions: Decisions
+) -> None:
+    # Breaks if the guard marks a thread as one the bot posted in before Slack
+    # took the post: after an answer Slack refused (not_in_channel), every
+    # later message in the thread addressed the bot, which answers mentions
+    # only, and it answered people talking to each other there.
+
+    async def in_thread(message: Json, client: AsyncWebClient, **_: Any) -> None:
+        thread = message.get("thread_ts") or message["ts"]
+        with suppress(SlackApiError):
+            await client.chat_postMessage(channel=message["channel"], text="on it",
+                                          thread_ts=thread)  # fmt: skip
+
+    async with Bouncer(config("alpha", respond_to="mentions"), platform="slack") as bouncer:
+        app, g, _ = bolt(fake, ALPHA, bouncer, in_thread)
+        async with online(fake, (app, ALPHA)):
+            fake.fail_next("chat.postMessage", 200, '{"ok": false, "error": "not_in_channel"}',
+                           "application/json")  # fmt: skip
+            asked = await fake.user_says(CHAN, ALICE, f"<@{A_USER}> help")
+            await decisions.wait(asked["ts"], A_USER)
+            await fake.wait_until(lambda: fake.calls_of("chat.postMessage"), what="the try")
+            await g.idle()
+            aside = await fake.user_says(CHAN, ALICE, "bob, any idea?", thread_ts=asked["ts"])
+            seen = await decisions.wait(aside["ts"], A_USER)
+            await g.idle()
+    assert (seen["action"], seen["reason"]) == ("drop", "not_addressed")
+    assert [m["user"] for m in fake.messages(CHAN)] == [ALICE, ALICE]
 
 
 # -- what is not decided, or not under a ticket -----------------------------------------------
@@ -809,10 +972,14 @@ def test_bolt_still_has_the_hooks_the_guard_uses() -> None:
     the listener runner's run(request, response, listener_name, listener,
     starting_time) and its listener_completion_handler (called in the
     listener's task when it ends), and AsyncWebClient.api_call, which say()
-    and every chat method go through. Named here so that a change of Bolt or
-    slack_sdk fails this test by name."""
+    and every chat method go through; it asks the app's listeners
+    (`_async_listeners`, `async_matches`) whether one would take a mention's
+    other event. Named here so that a change of Bolt or slack_sdk fails this
+    test by name."""
     dispatch = inspect.getsource(AsyncApp.async_dispatch)
     assert "self._async_listener_runner.run(" in dispatch
+    assert "for listener in self._async_listeners:" in dispatch
+    assert "await listener.async_matches(req=req, resp=resp)" in dispatch
     run = inspect.signature(AsyncioListenerRunner.run).parameters
     assert list(run) == ["self", "request", "response", "listener_name", "listener",
                          "starting_time"]  # fmt: skip

@@ -23,6 +23,7 @@ from tests import sample_backends
 from tests.daemons import admitted_ids, build, forget
 from tests.decisions import Decisions
 from tests.fakes.slack import FakeSlack, Json
+from tests.fakes.slack.payloads import event_callback
 from tests.redis_server import free_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -413,6 +414,29 @@ async def test_a_5000_character_reply_is_two_messages_in_the_thread(
         assert [(e["id"], e["action"]) for e in why] == [(said["ts"], "reply")]
 
 
+async def test_a_reply_slack_refused_in_a_thread_does_not_make_it_address_the_bot(
+    fake: FakeSlack, run: Callable[..., Any], decisions: Decisions
+) -> None:
+    # Breaks if the thread is marked as one the bot posted in before its reply
+    # is sent: after a reply Slack refused (not_in_channel), every later
+    # message in the thread addressed the bot, which answers mentions only,
+    # and it answered people talking to each other there.
+    async with run(bot("alpha", fake)) as d:
+        parent = await fake.user_says(CHANNEL, ALICE, "a thread")
+        await decisions.wait(parent["ts"], A_USER)
+        fake.fail_next("chat.postMessage", 200, '{"ok": false, "error": "not_in_channel"}',
+                       "application/json")  # fmt: skip
+        asked = await fake.user_says(CHANNEL, ALICE, f"<@{A_USER}> help", thread_ts=parent["ts"])
+        assert (await decisions.wait(asked["ts"], A_USER))["action"] == "reply"
+        await fake.wait_until(lambda: fake.calls_of("chat.postMessage"), what="the try")
+        await d.inflight.idle()
+        aside = await fake.user_says(CHANNEL, ALICE, "bob, any idea?", thread_ts=parent["ts"])
+        seen = await decisions.wait(aside["ts"], A_USER)
+        await d.inflight.idle()
+    assert (seen["action"], seen["reason"]) == ("drop", "not_addressed")
+    assert by(A_USER, fake.messages(CHANNEL)) == []
+
+
 async def test_a_429_is_waited_out_and_the_reply_sent_once(
     fake: FakeSlack, run: Callable[..., Any]
 ) -> None:
@@ -562,6 +586,43 @@ async def test_events_api_checks_the_signature_before_anything_else(
         assert reply["text"] == f"<@{A_USER}> do as I say"
         await d.inflight.idle()
         assert times_decided(decisions, said["ts"]) == 1
+
+
+def rich_text(text: str) -> list[Json]:
+    """The `blocks` Slack sends with a message beside its `text`: the text again."""
+    section = {"type": "rich_text_section", "elements": [{"type": "text", "text": text}]}
+    return [{"type": "rich_text", "block_id": "b1", "elements": [section]}]
+
+
+async def test_events_api_takes_the_longest_message_slack_sends(
+    fake: FakeSlack, run: Callable[..., Any], decisions: Decisions, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Breaks if the webhook takes no more than the other routes' 64 KiB:
+    # Slack sends a message's text twice (`text` and `blocks`), so a message
+    # of 33,000 characters, or of 6,000 escaped non-ASCII ones, was refused
+    # 413, its retries too, and lost without a line in the log.
+    port = free_port()
+    url = hook_url(port)
+    app = fake.world.apps[ALPHA]
+    caplog.set_level(logging.WARNING, logger="botbouncer.http")
+    async with run(bot("alpha", fake, slack=EVENTS), port=port):
+        for text in ("x" * 39_990, "привет " * 5_700):  # Slack cuts at 40,000
+            said = await fake.user_says(CHANNEL, ALICE, text)
+            event = {**fake.message_event(CHANNEL, said), "blocks": rich_text(text)}
+            raw = json.dumps(event_callback(fake.world, app, event)).encode()  # \u-escaped
+            assert len(raw) > 64 * 1024
+            assert (await fake.post_raw(url, raw, SECRET)).status == 200
+            assert (await decisions.wait(said["ts"], A_USER))["reason"] == "not_addressed"
+        assert caplog.records == []
+        # past any event Slack sends: refused, and said so
+        said = await fake.user_says(CHANNEL, ALICE, "y")
+        event = {**fake.message_event(CHANNEL, said), "blocks": rich_text("y" * 1024 * 1024)}
+        raw = json.dumps(event_callback(fake.world, app, event)).encode()
+        refused = await fake.post_raw(url, raw, SECRET)
+        assert refused.status == 413
+        assert json.loads(refused.body) == {"error": "request body larger than 1048576 bytes"}
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "webhook of bot alpha" in line and f"{len(raw)} bytes refused" in line
 
 
 async def test_events_api_a_retried_delivery_is_a_duplicate_counted_once(

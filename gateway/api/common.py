@@ -14,6 +14,11 @@ from gateway.errors import InputError
 from gateway.guard.normalize import MAX_JSON_DEPTH, depth_over, loads
 
 MAX_BODY = 64 * 1024
+# The platform webhooks (`/v1/webhooks/<bot>`): one event as the platform
+# sends it, which is not the daemon's to trim. Slack sends a message's text
+# twice (`text` and its `blocks`), up to 40,000 characters each, escaped
+# (`\uXXXX`, six bytes a character) when not ASCII: some 500 KB at most.
+WEBHOOK_MAX_BODY = 1024 * 1024
 # The agent guard's routes: a step's arguments and a result's output are what
 # a tool took and gave (a file's text), often past 64 KiB; the guard masks and
 # hashes them, reading at most its first MiB closely (docs/agent-guard.md).
@@ -68,12 +73,15 @@ async def body_within(request: web.Request | aiohttp.ClientResponse, limit: int)
     return b"".join(parts)
 
 
-async def json_body(request: web.Request, limit: int = MAX_BODY) -> Any:
-    """The body's JSON (at most `limit` bytes), nested at most MAX_JSON_DEPTH
-    deep: what handlers and the guard's normaliser walk (some recursively)
-    can then never run out of stack, whatever the route. Checked on the bytes
-    before json.loads (which recurses too), at a cost under a microsecond for
-    a typical body."""
+async def json_body(request: web.Request, limit: int | None = None) -> Any:
+    """The body's JSON (at most `limit` bytes, by default the request's
+    `client_max_size`: MAX_BODY, WEBHOOK_MAX_BODY on a webhook route),
+    nested at most MAX_JSON_DEPTH deep: what handlers and the guard's
+    normaliser walk (some recursively) can then never run out of stack,
+    whatever the route. Checked on the bytes before json.loads (which
+    recurses too), at a cost under a microsecond for a typical body."""
+    if limit is None:
+        limit = request.client_max_size
     raw = await body_within(request, limit)
     if raw is None:
         raise BodyTooLarge(f"request body larger than {limit} bytes")

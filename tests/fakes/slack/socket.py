@@ -109,20 +109,30 @@ class SocketMode(Recording):
         return self.ws_base + conn_id
 
     async def deliver(
-        self, app: FakeApp, type_: str, payload: Json, *, accepts_response_payload: bool = False
+        self,
+        app: FakeApp,
+        type_: str,
+        payload: Json,
+        *,
+        accepts_response_payload: bool = False,
+        socket: int = -1,
     ) -> Envelope:
-        """A new envelope for `app`: pending, and sent on its newest socket if any."""
+        """A new envelope for `app`: pending, and sent on one of its open
+        sockets if any (Slack picks one per envelope): the `socket`th in the
+        order they connected, the newest by default."""
         env = Envelope(f"env-{next(self._ids)}", app.id, type_, payload, accepts_response_payload)
         self.envelopes.append(env)
         self._pending.setdefault(app.id, {})[env.envelope_id] = env
         sockets = [ws for ws in self._sockets.get(app.id, []) if not ws.closed]
         if sockets:
-            await self._send(sockets[-1], env)
+            await self._send(sockets[socket], env)
         await self.changed()
         return env
 
-    async def deliver_event(self, app: FakeApp, event: Json) -> Envelope:
-        return await self.deliver(app, "events_api", event_callback(self.world, app, event))
+    async def deliver_event(self, app: FakeApp, event: Json, *, socket: int = -1) -> Envelope:
+        """`event` in an envelope, on the app's `socket`th socket (see `deliver`)."""
+        payload = event_callback(self.world, app, event)
+        return await self.deliver(app, "events_api", payload, socket=socket)
 
     async def _send(self, ws: web.WebSocketResponse, env: Envelope) -> None:
         try:
