@@ -159,9 +159,10 @@ async def test_repeated_request_headers_reach_the_server_with_every_value() -> N
 
 async def test_the_query_string_reaches_the_server_once_as_the_client_sent_it() -> None:
     # Breaks if the client's query string is added to the --upstream URL's
-    # (a hosted server's ?key=abc, sent back by a client that changed only
-    # host and port, went as ?key=abc&key=abc) or re-encoded (a bare ?flag
-    # went as ?flag=), here or through a redirect of the server's.
+    # whole (a hosted server's ?key=abc, sent back by a client that changed
+    # only host and port, went as ?key=abc&key=abc), takes its place (the
+    # key was lost when the client sent ?debug=1) or is re-encoded (a bare
+    # ?flag went as ?flag=), here or through a redirect of the server's.
     seen: list[str] = []
 
     async def moved(req: web.Request) -> web.Response:
@@ -181,10 +182,11 @@ async def test_the_query_string_reaches_the_server_once_as_the_client_sent_it() 
         for path, sent, expected in (
             ("/mcp", "", ["/mcp?key=abc"]),
             ("/mcp", "?key=abc", ["/mcp?key=abc"]),
-            ("/mcp", "?flag", ["/mcp?flag"]),
-            ("/mcp", "?a=%20b&a=c", ["/mcp?a=%20b&a=c"]),
+            ("/mcp", "?key=xyz", ["/mcp?key=xyz"]),
+            ("/mcp", "?flag", ["/mcp?key=abc&flag"]),
+            ("/mcp", "?a=%20b&a=c", ["/mcp?key=abc&a=%20b&a=c"]),
             ("/old", "", ["/old?key=abc", "/new?key=abc"]),
-            ("/old", "?flag", ["/old?flag", "/new?flag"]),
+            ("/old", "?flag", ["/old?key=abc&flag", "/new?key=abc&flag"]),
         ):
             proxy = HttpProxy(str(upstream.make_url(path)) + "?key=abc", guarded)
             async with TestClient(Served(proxy.app)) as client:

@@ -306,11 +306,18 @@ def sse_reader() -> SseReader:
 
 
 def _with_query(url: URL, query: str) -> URL:
-    """`url` with the client's query string in place of its own, as it came
-    (a bare `?flag` stays `?flag`); as it is when the client sent none."""
+    """`url` with the client's query string after its own, as it came (a bare
+    `?flag` stays `?flag`): a parameter of the --upstream URL (a key) that
+    the client does not send goes on; one it sends is the client's."""
     if not query:
         return url
-    return URL(f"{url.with_query(None).with_fragment(None)}?{query}", encoded=True)
+    sent = URL("/?" + query, encoded=True).query
+    kept = url.query.copy()
+    for name in sent:
+        kept.popall(name, None)
+    own = url.with_query(kept).raw_query_string
+    base = url.with_query(None).with_fragment(None)
+    return URL(f"{base}?{own}&{query}" if own else f"{base}?{query}", encoded=True)
 
 
 def _same_origin_redirect(url: URL, upstream: aiohttp.ClientResponse) -> URL | None:
