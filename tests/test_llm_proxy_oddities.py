@@ -6,6 +6,7 @@ not go, before the fix it names."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -15,7 +16,7 @@ from yarl import URL
 
 from gateway.llmproxy.anthropic import AnthropicStreamTap
 from gateway.llmproxy.openai import OpenAI
-from gateway.llmproxy.session import Seen
+from gateway.llmproxy.session import Anchors, Seen
 from gateway.llmproxy.wire import in_call_order
 from gateway.store import open_store
 from tests.fakes.llm import FakeLLM, answer, repeat_tool_call, status, tool_call
@@ -320,6 +321,29 @@ async def test_conversations_sharing_a_few_shot_example_are_sessions_of_their_ow
     assert len(set(names)) == 5 and None not in names
 
 
+async def test_a_block_in_a_shared_prompt_s_session_leaves_other_conversations_alone() -> None:
+    # Breaks if a held block applies to any request of its session that feeds
+    # nothing new: a conversation begun before the proxy was in place, its
+    # prompt's few-shot example naming its session, was blocked; then every
+    # new conversation on that prompt (its example already fed there) had its
+    # tools off from its first request on.
+    looping = [*FEW_SHOT, {"role": "user", "content": "Weather in Brest?"}]
+    for i in range(4):
+        asked = call(f"call_x{i}", "get_weather", {"city": "Brest"})
+        looping += [{"role": "assistant", "content": None, "tool_calls": [asked]},
+                    {"role": "tool", "tool_call_id": f"call_x{i}", "content": "grey"}]  # fmt: skip
+    async with FakeLLM() as llm:
+        llm.default = answer("fine")
+        async with proxy_daemon(llm, "memory://", None) as (_, url):
+            route = f"{url}/llm/openai/v1/chat/completions"
+            _, said, _, _ = await raw_post(route, {"model": "m", "messages": looping})
+            assert said["X-Botbouncer-Guard"] == "block identical_call"
+            fresh = [*FEW_SHOT, {"role": "user", "content": "Weather in Paris?"}]
+            _, said, _, _ = await raw_post(route, {"model": "m", "messages": fresh})
+    assert "X-Botbouncer-Guard" not in said
+    assert "tool_choice" not in llm.calls[-1].body
+
+
 async def test_an_agent_that_nudges_the_model_on_gets_no_tools_back() -> None:
     # Breaks if a blocked session's next request that feeds nothing new goes
     # out with tools on: an agent that answers a final answer with "please
@@ -357,6 +381,25 @@ async def test_an_agent_that_nudges_the_model_on_gets_no_tools_back() -> None:
             ):
                 assert resp.status in (200, 204), await resp.text()
             assert await turn()  # the session started over: tools on again
+
+
+async def test_a_conversation_in_use_keeps_its_session_past_the_state_ttl() -> None:
+    # Breaks if the record of which answer named a session is stored once and
+    # never renewed: a conversation in use for longer than the state TTL was
+    # found by the replica that relayed its first answer (from memory) and no
+    # longer by the others, which named a session of their own: two sessions,
+    # each with its own budget.
+    store = open_store("memory://", state_ttl_seconds=2)
+    now = [0.0]
+    relayed = Anchors(store, clock=lambda: now[0])
+    relayed.hold("llm-a")
+    await relayed.keep("llm-a")
+    for _ in range(2):
+        await asyncio.sleep(1.2)  # past the TTL in all: found only if renewed
+        now[0] += Anchors.REFRESH
+        assert await relayed.known(["llm-a"]) == "llm-a"
+        await asyncio.gather(*relayed._renewing)
+    assert await Anchors(store).known(["llm-a"]) == "llm-a"  # another replica finds it
 
 
 async def test_a_query_reaches_the_upstream_as_sent() -> None:

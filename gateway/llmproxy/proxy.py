@@ -401,7 +401,7 @@ class LlmProxy:
                 for answer in answers:
                     self.metrics.guard_checks.labels(answer.decision, answer.reason).inc()
                 if fed.new:
-                    held = self._held(_worst(answers), raw)
+                    held = self._held(_worst(answers), raw, [e.key for e in fed.new])
                     saving = asyncio.create_task(self.seen.remember(session, events, fed, held))
                 else:
                     replay = fed.held
@@ -409,11 +409,13 @@ class LlmProxy:
                 usage = await self.guard.usage(session, self._usage(0, 0), profile)
                 answers.append(usage)
                 self.metrics.guard_checks.labels(usage.decision, usage.reason).inc()
+                used = usage.steps.get("used") or 0
                 if replay is not None and replay.applies_to(
-                    _request_digest(raw), usage.steps.get("used") or 0
+                    _request_digest(raw), used, {e.key for e in events}
                 ):
                     # The request the guard decided on, sent again (an SDK's
-                    # retry): the same verdict, not a fresh start.
+                    # retry), or the conversation it blocked nudged on: the
+                    # same verdict, not a fresh start.
                     answers.append(
                         Answer(session, replay.decision, replay.reason, replay.message, {})
                     )
@@ -429,14 +431,16 @@ class LlmProxy:
         return Verdict(a, action, saving)
 
     @staticmethod
-    def _held(decided: Answer | None, raw: bytes) -> sessions.Held | None:
-        """What a retry of this request is to get again: a warning or a block
-        for a loop (a spent budget is asked afresh: it may have been raised)."""
+    def _held(decided: Answer | None, raw: bytes, keys: list[str]) -> sessions.Held | None:
+        """What a retry of this request is to get again (and, for a block,
+        the requests that go on from it: Held.applies_to): a warning or a
+        block for a loop (a spent budget is asked afresh: it may have been
+        raised). `keys`: the events this request fed."""
         if decided is None or decided.decision == "allow" or decided.reason == "budget_exhausted":
             return None
         steps = decided.steps.get("used") or 0
         return sessions.Held(_request_digest(raw), decided.decision, decided.reason,
-                             decided.message, steps)  # fmt: skip
+                             decided.message, steps, tuple(keys))  # fmt: skip
 
     def _prepare(self, session: str, event: ToolEvent, profile: str) -> Prepared | None:
         """The event as the guard takes it, or None for one it cannot take (a

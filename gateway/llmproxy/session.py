@@ -33,14 +33,20 @@ fetched finished.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.guard.requests import check_session
 from gateway.llmproxy.wire import Dialect, Json, ToolEvent, digest
-from gateway.store import Store
+from gateway.store import Store, StoreError
+
+log = logging.getLogger("botbouncer.llm_proxy")
 
 HEADER = "X-Botbouncer-Session"
 PREFIX = "llm-"
@@ -76,7 +82,9 @@ class Anchors:
     conversation's first request (an answer in it may be an example in the
     prompt, the same in every conversation that uses that prompt).
 
-    Kept in the store with the state TTL, so every replica finds them, and
+    Kept in the store with the state TTL, so every replica finds them (its
+    TTL renewed, at most once a REFRESH, while requests name it: a
+    conversation in use for longer than the TTL keeps its one session), and
     in this process, so the replica that relayed an answer knows it before
     the agent's next request can be read. The store is asked of the first
     LOOKED_UP answers of a history only: a replica that did not relay it
@@ -86,10 +94,13 @@ class Anchors:
 
     LOOKED_UP = 8
     KNOWN = 65_536  # sessions known to this process, the most recently used
+    REFRESH = 60.0  # seconds between renewals of one session's TTL in the store
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store
-        self._known: OrderedDict[str, None] = OrderedDict()
+        self.clock = clock
+        self._known: OrderedDict[str, float] = OrderedDict()  # -> when last stored
+        self._renewing: set[asyncio.Task[None]] = set()
 
     @staticmethod
     def _name(session: str) -> str:
@@ -99,14 +110,27 @@ class Anchors:
         """The first of `names` (a history's answers as sessions, oldest
         first) that a relayed answer named; None when none did."""
         for name in names:
-            if name in self._known:
+            stored = self._known.get(name)
+            if stored is not None:
                 self._known.move_to_end(name)
+                if self.clock() - stored >= self.REFRESH:  # renewed beside the request
+                    self._hold(name)
+                    task = asyncio.ensure_future(self._renew(name))
+                    self._renewing.add(task)
+                    task.add_done_callback(self._renewing.discard)
                 return name
         for name in names[: self.LOOKED_UP]:
             if await self.store.get_cursor(self._name(name)) is not None:
                 self._hold(name)
+                await self.keep(name)  # its TTL from now
                 return name
         return None
+
+    async def _renew(self, session: str) -> None:
+        try:
+            await self.keep(session)
+        except StoreError as exc:
+            log.warning("llm proxy: session %s not renewed in the store (%s)", session, exc)
 
     def hold(self, session: str) -> None:
         """Known here at once (before anything is awaited); `keep` stores it."""
@@ -116,7 +140,7 @@ class Anchors:
         await self.store.set_cursor(self._name(session), "1")
 
     def _hold(self, session: str) -> None:
-        self._known[session] = None
+        self._known[session] = self.clock()
         self._known.move_to_end(session)
         if len(self._known) > self.KNOWN:
             self._known.popitem(last=False)
@@ -132,26 +156,32 @@ class Held:
     reason: str
     message: str
     steps: int  # the session's steps then: a session started over since has fewer
+    keys: tuple[str, ...] = ()  # the events that request fed
 
-    def applies_to(self, request: str, steps: int) -> bool:
+    def applies_to(self, request: str, steps: int, history: set[str]) -> bool:
         """To a request that feeds nothing new: the same request sent again,
-        or, for a block, any (the model's final answer nudged on: "please
-        continue" would turn the tools back on, and the same call run again
-        each time). Not once the session started over (DELETE): fewer steps."""
+        or, for a block, any whose history (the keys of its events) holds
+        what the blocked request fed: the same conversation, its final
+        answer nudged on ("please continue" would turn the tools back on,
+        and the same call run again each time); not another conversation of
+        the session. Not once the session started over (DELETE): fewer steps."""
         if steps < self.steps:
             return False
-        return self.request == request or self.decision == "block"
+        if self.request == request:
+            return True
+        return self.decision == "block" and bool(self.keys) and history.issuperset(self.keys)
 
 
 def _held(value: Any) -> Held | None:
-    if not isinstance(value, list) or len(value) != 5:
+    if not isinstance(value, list) or len(value) not in (5, 6):
         return None
-    request, decision, reason, message, steps = value
+    request, decision, reason, message, steps = value[:5]
     if not all(isinstance(v, str) for v in (request, decision, reason, message)):
         return None
     if not isinstance(steps, int):
         return None
-    return Held(request, decision, reason, message, steps)
+    keys = tuple(_keys(value[5])) if len(value) == 6 else ()
+    return Held(request, decision, reason, message, steps, keys)
 
 
 @dataclass
@@ -215,7 +245,7 @@ class Seen:
             value = {"keys": keys, "earlier": earlier}
             if held is not None:
                 value["held"] = [held.request, held.decision, held.reason, held.message,
-                                 held.steps]  # fmt: skip
+                                 held.steps, list(held.keys)]  # fmt: skip
         await self.store.set_cursor(self._name(session), json.dumps(value))
 
 

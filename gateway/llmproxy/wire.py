@@ -303,11 +303,13 @@ class WholeTap(Tap):
 @dataclass
 class Anchor:
     """What the conversation's first answer with tool calls asked for, as the
-    fingerprint takes it: the calls' ids (unique to that answer), else (a
-    server that gives no ids) a digest of the calls. An answer of text alone
-    anchors nothing: two conversations that open alike are often answered
-    alike word for word ("Hi" has a stock greeting), and would be one
-    session."""
+    fingerprint takes it: its first call's id (unique to that answer), else
+    (a server that gives no ids) a digest of its first call. The first only:
+    a history may list an answer's calls each with its result after it,
+    which reads as an answer a call (Responses' items). An answer of text
+    alone anchors nothing: two conversations that open alike are often
+    answered alike word for word ("Hi" has a stock greeting), and would be
+    one session."""
 
     ids: list[str] = field(default_factory=list)
     # (name, arguments) of tool calls without ids, as a last resort
@@ -315,8 +317,8 @@ class Anchor:
 
     def value(self) -> str | None:
         if self.ids:
-            return "ids:" + ",".join(self.ids)
-        return "calls:" + digest(self.calls) if self.calls else None
+            return "ids:" + self.ids[0]
+        return "calls:" + digest(self.calls[:1]) if self.calls else None
 
 
 class Dialect(ABC):
