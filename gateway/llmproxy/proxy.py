@@ -473,15 +473,17 @@ class LlmProxy:
         if not anchors:
             return None, False
         key, opening = digest(credential), digest(dialect.opening(body))
-        names = [n for a in anchors if (n := sessions.fingerprint_of(dialect.name, key,
-                                                                      opening, a))]  # fmt: skip
+        # Made one by one: an answer this replica relayed is most often the first.
+        names = (sessions.name_of(dialect.name, key, opening, a) for a in anchors)
         try:
             known = await self.anchors.known(names)
         except StoreError as exc:
             log.warning("llm proxy: which session a %s request belongs to could not be read "
                         "(%s)", dialect.name, exc)  # fmt: skip
             known = None
-        return (known, True) if known is not None else (names[0], False)
+        if known is not None:
+            return known, True
+        return sessions.name_of(dialect.name, key, opening, anchors[0]), False
 
     async def _keep(self, session: str | None) -> None:
         """A conversation's first answer with tool calls, which names its

@@ -38,7 +38,7 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,8 +70,10 @@ def fingerprint(dialect: Dialect, body: Json, credential: str, anchor: str | Non
 
 def fingerprint_of(api: str, key: str, opening: str, anchor: str | None) -> str | None:
     """From the digests of the credential (`key`) and of the opening."""
-    if anchor is None:
-        return None
+    return None if anchor is None else name_of(api, key, opening, anchor)
+
+
+def name_of(api: str, key: str, opening: str, anchor: str) -> str:
     return PREFIX + digest(api, key, opening, anchor)[:40]
 
 
@@ -106,10 +108,14 @@ class Anchors:
     def _name(session: str) -> str:
         return "llm-anchor:" + session
 
-    async def known(self, names: list[str]) -> str | None:
+    async def known(self, names: Iterable[str]) -> str | None:
         """The first of `names` (a history's answers as sessions, oldest
-        first) that a relayed answer named; None when none did."""
+        first, made as they are asked for) that a relayed answer named;
+        None when none did."""
+        asked: list[str] = []
         for name in names:
+            if len(asked) < self.LOOKED_UP:
+                asked.append(name)
             stored = self._known.get(name)
             if stored is not None:
                 self._known.move_to_end(name)
@@ -119,7 +125,7 @@ class Anchors:
                     self._renewing.add(task)
                     task.add_done_callback(self._renewing.discard)
                 return name
-        for name in names[: self.LOOKED_UP]:
+        for name in asked:
             if await self.store.get_cursor(self._name(name)) is not None:
                 self._hold(name)
                 await self.keep(name)  # its TTL from now
