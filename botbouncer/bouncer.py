@@ -22,10 +22,11 @@ botbouncer.aiogram and botbouncer.slack do this for you.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import AbstractContextManager, asynccontextmanager
+from contextlib import AbstractContextManager, asynccontextmanager, suppress
 from dataclasses import replace
 from types import TracebackType
 from typing import Any
@@ -159,14 +160,23 @@ class Bouncer:
         on the same store that is handed the same message (Slack sends a
         mention as two events) finds it with `shared(key)`, and its ticket
         is good in every such process. A `duplicate` is not filed: the
-        decision filed first stands."""
+        decision filed first stands. Should filing fail, a `reply`'s slot is
+        given back before the error is raised."""
         if shared is None:
             return await self._decider.decide(message)
         d = await self.gateway.handle(message)
         if d.reason is Reason.DUPLICATE:
             return d
-        await self._filed.issue(self._shared._filed(shared), d, self._shared.ttl_ms(),
-                                self.gateway.now_ms())  # fmt: skip
+        try:
+            await self._filed.issue(self._shared._filed(shared), d, self._shared.ttl_ms(),
+                                    self.gateway.now_ms())  # fmt: skip
+        except BaseException:
+            # No ticket reached the caller: the slot the admit reserved goes
+            # back now (shielded, also when cancelled), not when it lapses.
+            if d.action is Action.REPLY:
+                with suppress(Exception):
+                    await asyncio.shield(self.gateway.withdraw(d, Reason.BACKEND_ERROR))
+            raise
         return d if d.action is Action.DROP else replace(d, ticket=SHARED + shared)
 
     async def shared(self, key: str) -> Decision | None:

@@ -63,12 +63,20 @@ the other event came, and a listener of the app would take that event, the
 ticket waits for it, up to `other_event_seconds` (10 s), after which the other
 event is taken as a repeat. A delivery Slack repeats (a retry, a redelivered
 envelope) carries the same `ts` and is decided `duplicate` by the store: its
-listeners do not run again. A message the guard cannot read (no channel, ts
-or author) passes through undecided, with an INFO line, as Bolt would hand it
-on; edits, deletions and every other event pass through untouched. When the
-store is unreachable (`StoreError`) the message is acknowledged, no listener
-runs, and an ERROR line says so (a chat where bots loop is exactly where
-failing open would hurt; a person can ask again).
+listeners do not run again (the claims of a mention's events outlast
+Slack's retries, and its decision is filed under the kind of event that
+made it, so that a retry is told from the other event in every replica). A
+message in a DM is one event (Slack sends no app_mention there). When the
+replica that decided a mention is slower than `FILED_WITHIN` (plus the
+reply decision's timeout) to file it, the other replica runs no listener
+for its event and leaves, or takes over, the release of the ticket: the
+mention is not answered by that event's listeners, and no slot stays held.
+A message the guard cannot read (no channel, ts or author) passes through
+undecided, with an INFO line, as Bolt would hand it on; edits, deletions
+and every other event pass through untouched. When the store is
+unreachable (`StoreError`) the message is acknowledged, no listener runs,
+and an ERROR line says so (a chat where bots loop is exactly where failing
+open would hurt; a person can ask again).
 
 Not covered: messages posted by other means than the app's clients (an
 `AsyncWebClient` of your own, `respond()` and response URLs, incoming
@@ -87,10 +95,13 @@ which are no messages, pass through). Apps with
 are recognised as counted already (`Bouncer.echo`) and handed to the
 listeners, or counted then when they were posted another way.
 
-The Bouncer is the caller's to close (`async with Bouncer(...)`, after the
-Socket Mode handler closed); `SlackGuard.idle()` waits until the requests
-received so far are handled (`held=True`: also until the tickets waiting for a
-mention's other event are settled).
+The Bouncer is the caller's to close (`async with Bouncer(...)`), after the
+Socket Mode handler closed and then `SlackGuard.close()`, which waits for
+the requests being handled and settles at once the tickets waiting for a
+mention's other event (else their slots stay held in the store until the
+tickets lapse); `SlackGuard.idle()` waits until the requests received so far
+are handled (`held=True`: also until the tickets waiting for a mention's
+other event are settled).
 """
 
 from __future__ import annotations
@@ -121,9 +132,10 @@ from slack_sdk.web.async_slack_response import AsyncSlackResponse
 from adapters.common import clean
 from adapters.slack import PayloadError, People, Threads, escape, from_event
 from botbouncer._middleware import count_sent, release
-from botbouncer.bouncer import Bouncer
+from botbouncer.bouncer import SHARED, Bouncer
 from gateway.config import ConfigError
-from gateway.model import Action, ChatRef, Decision, Message, Reason
+from gateway.decide import SpentTicket, UnknownTicket
+from gateway.model import Action, ChatKind, ChatRef, Decision, Message, Reason
 from gateway.store import StoreError
 
 __all__ = ["SlackGuard", "guard"]
@@ -144,6 +156,10 @@ OTHER_EVENT_SECONDS = 10.0
 # that decision to be filed in the store (one store call away, plus the reply
 # decision's classifier when the bot has one).
 FILED_WITHIN = 2.0
+# How long the claim of a mention's event kind lasts at least: Slack retries
+# a delivery three times, the last about 5 minutes after the event; a retry
+# within this finds its kind claimed and is a repeat at once.
+RETRIED_WITHIN = 600.0
 
 
 # AsyncWebClient.api_call(api_method, *, http_verb=..., params=..., data=..., json=..., ...)
@@ -157,7 +173,7 @@ class _Ticket:
 
     decision: Decision
     kinds: set[str]  # the message's events handled here under it
-    shared: str | None = None  # a mention's: the key it is filed under in the store
+    shared: str | None = None  # a mention's: its key in the store (its claims, filings)
     body: dict[str, Any] | None = None  # a mention's first request: its other event's listeners
     first: bool = True  # decided here, not for the other event in another process
     handlings: int = 0  # requests of the message still being handled
@@ -268,6 +284,7 @@ class SlackGuard(AsyncMiddleware):
         self._tasks: set[asyncio.Task[Any]] = set()  # releases
         self._waiting: set[_Ticket] = set()  # tickets waiting for a mention's other event
         self.other_event_seconds = OTHER_EVENT_SECONDS
+        self._closing = False  # close() was called: tickets no longer wait
         self._quiet = asyncio.Event()
         self._quiet.set()
 
@@ -298,6 +315,21 @@ class SlackGuard(AsyncMiddleware):
                 await asyncio.gather(*self._tasks, return_exceptions=True)
             else:
                 await self._quiet.wait()
+
+    async def close(self) -> None:
+        """Before closing the Bouncer, once the app stopped taking requests
+        (its Socket Mode handler closed): waits until the requests received
+        are handled, and settles at once every mention's ticket that waits
+        for the mention's other event (released, unless that event was
+        handled in another process, which then releases it), so that no rate
+        slot stays held in the store until the ticket lapses. The guard
+        still works afterwards, without such waits."""
+        self._closing = True
+        await self.idle()
+        for ticket in list(self._waiting):
+            self._unwait(ticket)
+            self._start(self._shut_out(ticket))
+        await self.idle(held=True)
 
     # -- the bot user ----------------------------------------------------------------
 
@@ -428,9 +460,17 @@ class SlackGuard(AsyncMiddleware):
 
     async def _claim(self, key: str, what: str) -> bool:
         """Whether this is the first claim of `what` (an event kind, `ended`)
-        for the mention filed under `key`, by any process on the store."""
-        ttl_ms = round(self.bouncer.bot.ticket_seconds * 1000)
-        return await self.bouncer.store.claim(self._claim_name(key, what), ttl_ms)
+        for the mention filed under `key`, by any process on the store. An
+        event kind's claim outlasts Slack's retries of the event."""
+        seconds = self.bouncer.bot.ticket_seconds
+        if what in MESSAGE_EVENTS:
+            seconds = max(seconds, RETRIED_WITHIN)
+        return await self.bouncer.store.claim(self._claim_name(key, what), round(seconds * 1000))
+
+    @staticmethod
+    def _filing(key: str, kind: str) -> str:
+        """Where a mention's decision made by its `kind` event is filed."""
+        return f"{key}/{kind}"
 
     def _unsettled(self, ticket: _Ticket, exc: StoreError) -> None:
         ticket.settle()
@@ -484,9 +524,15 @@ class SlackGuard(AsyncMiddleware):
                 ticket.settle()
             else:
                 self._waiting.add(ticket)
-                ticket.wait = asyncio.get_running_loop().call_later(
-                    self.other_event_seconds, self._waited, ticket
-                )
+                wait = 0.0 if self._closing else self.other_event_seconds
+                ticket.wait = asyncio.get_running_loop().call_later(wait, self._waited, ticket)
+
+    def _unwait(self, ticket: _Ticket) -> None:
+        """The ticket no longer waits for its other event (it came)."""
+        if ticket.wait is not None:
+            ticket.wait.cancel()
+            ticket.wait = None
+        self._waiting.discard(ticket)
 
     def _waited(self, ticket: _Ticket) -> None:
         ticket.wait = None
@@ -516,17 +562,14 @@ class SlackGuard(AsyncMiddleware):
         repeat)."""
         assert ticket.shared is not None
         async with ticket.lock:
-            if ticket.wait is not None:
-                ticket.wait.cancel()
-                ticket.wait = None
-                self._waiting.discard(ticket)
-                waited = True
-            else:
-                waited = False
+            waited = ticket.wait is not None  # `ended` was claimed here
             try:
                 claimed = await self._claim(ticket.shared, kind)
             except StoreError:
-                return False  # decided anew: the store's error is logged then
+                # decided anew (the store's error is logged then); the ticket
+                # still waits for this event, and is settled when it waited
+                return False
+            self._unwait(ticket)
             if not claimed:
                 # handled by another process; after `ended` was claimed here, it releases
                 if waited and self._settling(ticket):
@@ -535,27 +578,49 @@ class SlackGuard(AsyncMiddleware):
             ticket.kinds.add(kind)
             return True
 
-    async def _filed(self, msg: Message, key: str) -> Decision | None:
+    async def _filed(self, msg: Message, key: str, kind: str) -> Decision | bool:
         """The decision another process filed for the message's other event
-        (it may still be deciding); None when there is none in time."""
+        (it may still be deciding); True when the decision was filed for this
+        kind of event (a repeat of it, decided elsewhere); False when there is
+        none in time."""
         loop = asyncio.get_running_loop()
         rd = self.bouncer.bot.reply_decision
         until = loop.time() + FILED_WITHIN + (rd.timeout_seconds if rd.enabled else 0.0)
         pause = 0.01
         while True:
             try:
-                d = await self.bouncer.shared(key)
+                other, mine = await asyncio.gather(
+                    self.bouncer.shared(self._filing(key, _other(kind))),
+                    self.bouncer.shared(self._filing(key, kind)),
+                )
             except StoreError as exc:
                 log.error("bot %s: message %s not handled: %s", self.bot, msg.id, exc)
-                return None
-            if d is not None:
-                return d
+                return False
+            if mine is not None:
+                return True
+            if other is not None:
+                return other
             if loop.time() >= until:
                 log.info("bot %s: message %s was decided for its other event, but no decision "
-                         "was filed; taken as a duplicate", self.bot, msg.id)  # fmt: skip
-                return None
+                         "was filed in time; taken as a duplicate", self.bot, msg.id)  # fmt: skip
+                return False
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.2)
+
+    async def _give_up(self, msg: Message, key: str, kind: str) -> None:
+        """This event (its kind claimed here) found no decision filed in time:
+        its handling, which runs no listener, has ended all the same. Should
+        the deciding process's handling have ended first (`ended` claimed),
+        it left the release to this one: the ticket is released here."""
+        try:
+            if await self._claim(key, "ended"):
+                return  # the decider's handling, when it ends, finds `ended` taken: it releases
+            await self.bouncer.release(SHARED + self._filing(key, _other(kind)))
+        except (UnknownTicket, SpentTicket):
+            pass  # never filed (its filing failed), lapsed, sent on, or released already
+        except StoreError as exc:
+            log.error("bot %s: settling the ticket of %s failed: %s; its slot comes back when "
+                      "the ticket lapses", self.bot, msg.id, exc)  # fmt: skip
 
     # -- deciding ----------------------------------------------------------------------
 
@@ -597,8 +662,10 @@ class SlackGuard(AsyncMiddleware):
                 await self._count_own(msg)
             return await next()
         msg = await self.people.unmask(msg, event, req.context.client)
-        # a mention comes as two events, which replicas of the app may get one each
-        shared = f"slack/{msg.chat.key}/{msg.id}" if me in msg.mentions else None
+        # a mention in a channel comes as two events, which replicas of the app
+        # may get one each (Slack sends no app_mention for a message in a DM)
+        two = me in msg.mentions and msg.chat.kind is not ChatKind.DM
+        shared = f"slack/{msg.chat.key}/{msg.id}" if two else None
         decided = await self._decided(msg, str(event["type"]), shared, req.body)
         if decided is None:
             return await req.context.ack()
@@ -680,7 +747,7 @@ class SlackGuard(AsyncMiddleware):
         except StoreError as exc:
             log.error("bot %s: message %s not handled: %s", self.bot, msg.id, exc)
             return None
-        d = await self._decide(msg, key)
+        d = await self._decide(msg, self._filing(key, kind))
         if d is None:
             return None
         if d.reason is not Reason.DUPLICATE:
@@ -688,8 +755,11 @@ class SlackGuard(AsyncMiddleware):
             return d, ticket, True
         if not claimed:  # this kind of event was handled before: a repeat
             return d, None, True
-        earlier = await self._filed(msg, key)
-        if earlier is None:
+        earlier = await self._filed(msg, key, kind)
+        if earlier is True:  # decided for this kind elsewhere: a repeat (a retry)
+            return d, None, True
+        if earlier is False:
+            await self._give_up(msg, key, kind)
             return d, None, True
         if earlier.action is not Action.REPLY:
             return earlier, None, False

@@ -29,9 +29,10 @@ from slack_bolt.listener.asyncio_runner import AsyncioListenerRunner
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
+import botbouncer.slack
 from botbouncer import Bouncer, ConfigError
 from botbouncer.slack import SlackGuard, guard
-from gateway.store import Limits, Store
+from gateway.store import Limits, Store, StoreError
 from gateway.store.redis import RedisStore
 from tests.conftest import StoreFactory
 from tests.daemons import running
@@ -879,8 +880,7 @@ async def test_the_documented_example_answers_hello_under_the_guard(
     to "hello" is counted; the next is over the rate cap."""
     policy = {"rate_cap": {"max_replies": 1}}
     async with Bouncer(config("alpha", **policy), platform="slack") as bouncer:
-        app: AsyncApp = example("slack_bot").build(bouncer, fake.web_client(ALPHA))
-        g: SlackGuard = app.async_dispatch.__self__  # type: ignore[attr-defined]
+        app, g = example("slack_bot").build(bouncer, fake.web_client(ALPHA))
         async with online(fake, (app, ALPHA)):
             bye = await fake.user_says(CHAN, ALICE, "bye")
             seen = await decisions.wait(bye["ts"], A_USER)
@@ -1000,3 +1000,252 @@ async def test_guard_refuses_a_second_guard_and_another_platform(fake: FakeSlack
     async with Bouncer(elsewhere) as bouncer:
         with pytest.raises(ConfigError, match="not slack"):
             guard(AsyncApp(client=fake.web_client(ALPHA)), bouncer)
+
+
+# -- a mention's ticket when the store or a replica misbehaves ----------------------------
+
+
+class Flaky:
+    """A store whose chosen calls are slowed (`delay`) or fail with
+    StoreError (`fail`: the method's name, and a test of its arguments)."""
+
+    def __init__(self, inner: Store) -> None:
+        self._inner = inner
+        self.delay: dict[str, float] = {}
+        self.fail: dict[str, Callable[[tuple[Any, ...]], bool]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if not inspect.iscoroutinefunction(attr):
+            return attr
+
+        async def call(*a: Any, **kw: Any) -> Any:
+            test = self.fail.get(name)
+            if test is not None and test(a):
+                raise StoreError(f"{name}: made to fail")
+            if name in self.delay:
+                await asyncio.sleep(self.delay[name])
+            return await attr(*a, **kw)
+
+        return call
+
+
+def times(n: int, test: Callable[[tuple[Any, ...]], bool] = lambda _: True) -> Any:
+    """A `Flaky.fail` test true for the first `n` calls it matches."""
+    left = [n]
+
+    def failing(args: tuple[Any, ...]) -> bool:
+        if left[0] > 0 and test(args):
+            left[0] -= 1
+            return True
+        return False
+
+    return failing
+
+
+async def test_a_store_blip_when_the_other_event_comes_still_settles_the_ticket(
+    fake: FakeSlack, stores: StoreFactory, decisions: Decisions
+) -> None:
+    # Breaks if the other event of a mention stops the ticket's wait before
+    # its claim in the store: the claim failed (a short outage), the event
+    # was acknowledged unhandled, and the ticket nobody waited for any more
+    # held its rate slot until it lapsed.
+    (store,) = await stores(1)
+    flaky = Flaky(store)
+    answered: list[str] = []
+    bouncer = Bouncer(config("alpha", respond_to="mentions"), platform="slack", store=flaky)  # type: ignore[arg-type]
+    async with bouncer:
+        app, g = mention_app(fake, bouncer, answered)
+        g.other_event_seconds = 0.3
+        async with online(fake, (app, ALPHA)):
+            alpha = fake.world.apps[ALPHA]
+            said, events = mentioned(fake, f"<@{A_USER}> hi")
+            await fake.deliver_event(alpha, events["message"])
+            await decisions.wait(said["ts"], A_USER)
+            await fake.wait_until(lambda: not fake.pending(ALPHA), what="acked")
+            await g.idle()
+            assert await status(store, chat(CHAN), A_USER) == (0, 1)  # waiting
+            flaky.fail["claim"] = times(2, lambda a: str(a[0]).endswith("/app_mention"))
+            await fake.deliver_event(alpha, events["app_mention"])
+            await fake.wait_until(lambda: not fake.pending(ALPHA), what="acked")
+            await g.idle(held=True)
+            assert await status(store, chat(CHAN), A_USER) == (0, 0)
+    assert answered == []
+
+
+async def test_a_failed_filing_gives_the_mentions_slot_back(
+    fake: FakeSlack, stores: StoreFactory, decisions: Decisions, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Breaks if `Bouncer.decide(shared=...)` keeps the slot its admit reserved
+    # when filing the decision fails: no ticket reached anyone, so nothing
+    # released it, and the slot stayed taken until it lapsed.
+    monkeypatch.setattr(botbouncer.slack, "FILED_WITHIN", 0.2)
+    (store,) = await stores(1)
+    flaky = Flaky(store)
+    flaky.fail["issue_ticket"] = times(1)
+    answered: list[str] = []
+    bouncer = Bouncer(config("alpha", respond_to="mentions"), platform="slack", store=flaky)  # type: ignore[arg-type]
+    async with bouncer:
+        app, g = mention_app(fake, bouncer, answered)
+        g.other_event_seconds = 0.3
+        async with online(fake, (app, ALPHA)):
+            alpha = fake.world.apps[ALPHA]
+            said, events = mentioned(fake, f"<@{A_USER}> hi")
+            await fake.deliver_event(alpha, events["message"])
+            await decisions.wait(said["ts"], A_USER)
+            await fake.wait_until(lambda: not fake.pending(ALPHA), what="acked")
+            await fake.deliver_event(alpha, events["app_mention"])
+            await fake.wait_until(lambda: not fake.pending(ALPHA), what="acked")
+            await g.idle(held=True)
+            assert await status(store, chat(CHAN), A_USER) == (0, 0)
+    assert answered == []
+
+
+async def test_a_mention_in_a_dm_does_not_wait_for_an_app_mention(
+    fake: FakeSlack, stores: StoreFactory, decisions: Decisions
+) -> None:
+    # Breaks if a message in a DM that mentions the app is taken as one of a
+    # mention's two events: Slack sends no app_mention for a DM, so its
+    # ticket held the rate slot for other_event_seconds for nothing.
+    dm = "D0ALICE"
+    fake.world.add_dm(dm, ALICE, A_USER)
+    (store,) = await stores(1)
+    answered: list[str] = []
+    policy = {"rate_cap": {"max_replies": 1, "scope": "all"}}  # DMs too
+    async with Bouncer(config("alpha", **policy), platform="slack", store=store) as bouncer:
+        app, g = mention_app(fake, bouncer, answered)
+        async with online(fake, (app, ALPHA)):
+            said = new_message(fake.world, fake.world.users[ALICE], f"<@{A_USER}> hi")
+            fake.world.channels[dm].messages.append(said)
+            await fake.deliver_event(fake.world.apps[ALPHA], fake.message_event(dm, said))
+            await decisions.wait(said["ts"], A_USER)
+            await fake.wait_until(lambda: not fake.pending(ALPHA), what="acked")
+            await g.idle()
+            assert await status(store, chat(dm), A_USER) == (0, 0)
+
+
+async def test_closing_the_guard_settles_the_tickets_that_wait(
+    fake: FakeSlack, stores: StoreFactory, decisions: Decisions
+) -> None:
+    # Breaks if stopping the app leaves a mention's ticket waiting for its
+    # other event: the process ends, and the rate slot stays held in the
+    # store (shared by the app's other replicas) until the ticket lapses.
+    (store,) = await stores(1)
+    answered: list[str] = []
+    async with Bouncer(config("alpha", respond_to="mentions"), platform="slack",
+                       store=store) as bouncer:  # fmt: skip
+        app, g = mention_app(fake, bouncer, answered)
+        async with online(fake, (app, ALPHA)):
+            said, events = mentioned(fake, f"<@{A_USER}> hi")
+            await fake.deliver_event(fake.world.apps[ALPHA], events["message"])
+            await decisions.wait(said["ts"], A_USER)
+            await fake.wait_until(lambda: not fake.pending(ALPHA), what="acked")
+            await g.idle()
+            assert await status(store, chat(CHAN), A_USER) == (0, 1)  # waits 10 s
+        async with asyncio.timeout(2):
+            await g.close()
+        assert await status(store, chat(CHAN), A_USER) == (0, 0)
+    assert [d["reason"] for d in decisions.seen] == [None, "backend_empty"]
+
+
+async def test_a_late_retry_of_a_mentions_event_is_a_repeat_at_once(
+    fake: FakeSlack, stores: StoreFactory, decisions: Decisions
+) -> None:
+    # Breaks if the claims of a mention's events lapse with its ticket
+    # (ticket_seconds): Slack's retry a minute or five later found nothing
+    # filed and waited 2 s and more for a decision that would never come,
+    # then logged that it was decided for its other event.
+    (store,) = await stores(1)
+    answered: list[str] = []
+    policy = {"respond_to": "mentions", "ticket_seconds": 0.3}
+    async with Bouncer(config("alpha", **policy), platform="slack", store=store) as bouncer:
+        app, g = mention_app(fake, bouncer, answered)
+        async with online(fake, (app, ALPHA)):
+            alpha = fake.world.apps[ALPHA]
+            said, events = mentioned(fake, f"<@{A_USER}> hi")
+            await fake.deliver_event(alpha, events["app_mention"])
+            await fake.wait_for_messages(CHAN, 2)
+            await fake.deliver_event(alpha, events["message"])
+            await fake.wait_until(lambda: not fake.pending(ALPHA), what="acked")
+            await g.idle()
+            await asyncio.sleep(0.5)  # its ticket and filed decision lapsed
+            with watching(logging.INFO) as logged:
+                async with asyncio.timeout(1):
+                    again = await fake.deliver_event(alpha, events["app_mention"])
+                    await fake.wait_until(lambda: again.acked, what="the retry acked")
+                await g.idle()
+    assert answered == [said["ts"]]
+    assert not [r for r in logged if "filed" in r.getMessage()]
+
+
+async def test_a_retry_to_another_replica_while_the_first_decides_is_answered_once(
+    fake: FakeSlack, stores: StoreFactory, decisions: Decisions
+) -> None:
+    # Breaks if a `duplicate` whose decision was filed for the same kind of
+    # event is taken for the mention's other event: Slack retried an
+    # app_mention the first replica was slow to decide, the second replica
+    # decided and answered it, and the first, told `duplicate`, ran its
+    # app_mention listener under that decision: answered twice.
+    store, other = await stores(2)
+    slow = Flaky(store)
+    slow.delay["admit"] = 0.5
+    answered: list[str] = []
+    policy = {"respond_to": "mentions"}
+    async with (
+        Bouncer(config("alpha", **policy), platform="slack", store=slow) as b1,  # type: ignore[arg-type]
+        Bouncer(config("alpha", **policy), platform="slack", store=other) as b2,
+    ):
+        a1, g1 = mention_app(fake, b1, answered)
+        a2, g2 = mention_app(fake, b2, answered)
+        g1.other_event_seconds = g2.other_event_seconds = 0.3
+        async with online(fake, (a1, ALPHA)), online(fake, (a2, ALPHA)):
+            await fake.wait_until(lambda: fake.connected(ALPHA) == 2, what="both replicas")
+            alpha = fake.world.apps[ALPHA]
+            said, events = mentioned(fake, f"<@{A_USER}> hi")
+            first = await fake.deliver_event(alpha, events["app_mention"], socket=0)
+            await asyncio.sleep(0.15)  # the first replica claimed it, and admits
+            await fake.deliver_event(alpha, events["app_mention"], socket=1)  # Slack's retry
+            await fake.wait_for_messages(CHAN, 2)
+            await fake.wait_until(lambda: first.acked, what="the first acked", timeout=10)
+            await fake.wait_until(lambda: not fake.pending(ALPHA), what="acked", timeout=10)
+            await idle(g1, g2)()
+            await g1.idle(held=True)
+            await g2.idle(held=True)
+            assert await status(store, chat(CHAN), A_USER) == (1, 1)
+    assert answered == [said["ts"]]
+    assert [m["text"] for m in fake.messages(CHAN)] == [said["text"], "you called?"]
+
+
+async def test_a_replica_that_gives_up_on_a_slow_decider_releases_the_ticket(
+    fake: FakeSlack, stores: StoreFactory, decisions: Decisions, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Breaks if the replica that got a mention's other event, finding no
+    # decision filed in time, gives up with nothing more: it had claimed its
+    # event, so the deciding replica took it as handled there and left the
+    # release to it, and the rate slot stayed held until the ticket lapsed.
+    monkeypatch.setattr(botbouncer.slack, "FILED_WITHIN", 0.2)  # 2 s in production
+    store, other = await stores(2)
+    slow = Flaky(store)
+    slow.delay["issue_ticket"] = 0.6
+    answered: list[str] = []
+    policy = {"respond_to": "mentions"}
+    async with (
+        Bouncer(config("alpha", **policy), platform="slack", store=slow) as b1,  # type: ignore[arg-type]
+        Bouncer(config("alpha", **policy), platform="slack", store=other) as b2,
+    ):
+        a1, g1 = mention_app(fake, b1, answered)
+        a2, g2 = mention_app(fake, b2, answered)
+        g1.other_event_seconds = g2.other_event_seconds = 0.3
+        async with online(fake, (a1, ALPHA)), online(fake, (a2, ALPHA)):
+            await fake.wait_until(lambda: fake.connected(ALPHA) == 2, what="both replicas")
+            alpha = fake.world.apps[ALPHA]
+            said, events = mentioned(fake, f"<@{A_USER}> hi")
+            await fake.deliver_event(alpha, events["message"], socket=0)
+            await decisions.wait(said["ts"], A_USER)  # admitted; filing it is slow
+            await fake.deliver_event(alpha, events["app_mention"], socket=1)
+            await fake.wait_until(lambda: not fake.pending(ALPHA), what="acked", timeout=10)
+            await idle(g1, g2)()
+            await g1.idle(held=True)
+            await g2.idle(held=True)
+            assert await status(store, chat(CHAN), A_USER) == (0, 0)
+    assert answered == []  # the window the docs name: never answered, but nothing held

@@ -37,13 +37,13 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from botbouncer import Bouncer, ConfigError
-from botbouncer.slack import guard
+from botbouncer.slack import SlackGuard, guard
 
 
-def build(bouncer: Bouncer, client: AsyncWebClient) -> AsyncApp:
-    """The app, guarded, with the quickstart's listener."""
+def build(bouncer: Bouncer, client: AsyncWebClient) -> tuple[AsyncApp, SlackGuard]:
+    """The app, guarded, with the quickstart's listener; and its guard."""
     app = AsyncApp(client=client)
-    guard(app, bouncer)
+    slack_guard = guard(app, bouncer)
 
     # Listens to incoming messages that contain "hello"
     @app.message("hello")
@@ -51,13 +51,13 @@ def build(bouncer: Bouncer, client: AsyncWebClient) -> AsyncApp:
         # say() sends a message to the channel where the event was triggered
         await say(f"Hey there <@{message['user']}>!")
 
-    return app
+    return app, slack_guard
 
 
 async def serve(bouncer: Bouncer, bot_token: str, app_token: str) -> int:
     base_url = os.environ.get("SLACK_API_BASE") or AsyncWebClient.BASE_URL
     async with bouncer:
-        app = build(bouncer, AsyncWebClient(token=bot_token, base_url=base_url))
+        app, slack_guard = build(bouncer, AsyncWebClient(token=bot_token, base_url=base_url))
         try:  # Socket Mode would retry a refused token for ever: checked once here
             await app.client.auth_test()
         except SlackApiError as exc:
@@ -69,6 +69,7 @@ async def serve(bouncer: Bouncer, bot_token: str, app_token: str) -> int:
             await handler.start_async()  # type: ignore[no-untyped-call]
         finally:
             await handler.close_async()  # type: ignore[no-untyped-call]
+            await slack_guard.close()  # settles what it holds in the store, then the Bouncer closes
     return 0
 
 
