@@ -40,6 +40,7 @@ from tests.decisions import Decisions
 from tests.examples import EXAMPLES, example, program_env, run_once
 from tests.fakes.slack import FakeSlack, Json
 from tests.fakes.slack.payloads import new_message
+from tests.fakes.slack.world import FakeApp
 from tests.redis_server import free_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -1043,6 +1044,22 @@ def times(n: int, test: Callable[[tuple[Any, ...]], bool] = lambda _: True) -> A
     return failing
 
 
+@asynccontextmanager
+async def flaky_app(
+    fake: FakeSlack, stores: StoreFactory, answered: list[str]
+) -> AsyncIterator[tuple[Store, Flaky, SlackGuard, FakeApp]]:
+    """A mention-answering app on a store whose calls a test may fail or
+    slow: (the store, its Flaky wrapper, the guard, the app in the fake)."""
+    (store,) = await stores(1)
+    flaky = Flaky(store)
+    bouncer = Bouncer(config("alpha", respond_to="mentions"), platform="slack", store=flaky)  # type: ignore[arg-type]
+    async with bouncer:
+        app, g = mention_app(fake, bouncer, answered)
+        g.other_event_seconds = 0.3
+        async with online(fake, (app, ALPHA)):
+            yield store, flaky, g, fake.world.apps[ALPHA]
+
+
 async def test_a_store_blip_when_the_other_event_comes_still_settles_the_ticket(
     fake: FakeSlack, stores: StoreFactory, decisions: Decisions
 ) -> None:
@@ -1050,26 +1067,19 @@ async def test_a_store_blip_when_the_other_event_comes_still_settles_the_ticket(
     # its claim in the store: the claim failed (a short outage), the event
     # was acknowledged unhandled, and the ticket nobody waited for any more
     # held its rate slot until it lapsed.
-    (store,) = await stores(1)
-    flaky = Flaky(store)
     answered: list[str] = []
-    bouncer = Bouncer(config("alpha", respond_to="mentions"), platform="slack", store=flaky)  # type: ignore[arg-type]
-    async with bouncer:
-        app, g = mention_app(fake, bouncer, answered)
-        g.other_event_seconds = 0.3
-        async with online(fake, (app, ALPHA)):
-            alpha = fake.world.apps[ALPHA]
-            said, events = mentioned(fake, f"<@{A_USER}> hi")
-            await fake.deliver_event(alpha, events["message"])
-            await decisions.wait(said["ts"], A_USER)
-            await fake.wait_until(lambda: not fake.pending(ALPHA), what="acked")
-            await g.idle()
-            assert await status(store, chat(CHAN), A_USER) == (0, 1)  # waiting
-            flaky.fail["claim"] = times(2, lambda a: str(a[0]).endswith("/app_mention"))
-            await fake.deliver_event(alpha, events["app_mention"])
-            await fake.wait_until(lambda: not fake.pending(ALPHA), what="acked")
-            await g.idle(held=True)
-            assert await status(store, chat(CHAN), A_USER) == (0, 0)
+    async with flaky_app(fake, stores, answered) as (store, flaky, g, alpha):
+        said, events = mentioned(fake, f"<@{A_USER}> hi")
+        await fake.deliver_event(alpha, events["message"])
+        await decisions.wait(said["ts"], A_USER)
+        await fake.wait_until(lambda: not fake.pending(ALPHA), what="acked")
+        await g.idle()
+        assert await status(store, chat(CHAN), A_USER) == (0, 1)  # waiting
+        flaky.fail["claim"] = times(2, lambda a: str(a[0]).endswith("/app_mention"))
+        await fake.deliver_event(alpha, events["app_mention"])
+        await fake.wait_until(lambda: not fake.pending(ALPHA), what="acked")
+        await g.idle(held=True)
+        assert await status(store, chat(CHAN), A_USER) == (0, 0)
     assert answered == []
 
 
@@ -1080,24 +1090,17 @@ async def test_a_failed_filing_gives_the_mentions_slot_back(
     # when filing the decision fails: no ticket reached anyone, so nothing
     # released it, and the slot stayed taken until it lapsed.
     monkeypatch.setattr(botbouncer.slack, "FILED_WITHIN", 0.2)
-    (store,) = await stores(1)
-    flaky = Flaky(store)
-    flaky.fail["issue_ticket"] = times(1)
     answered: list[str] = []
-    bouncer = Bouncer(config("alpha", respond_to="mentions"), platform="slack", store=flaky)  # type: ignore[arg-type]
-    async with bouncer:
-        app, g = mention_app(fake, bouncer, answered)
-        g.other_event_seconds = 0.3
-        async with online(fake, (app, ALPHA)):
-            alpha = fake.world.apps[ALPHA]
-            said, events = mentioned(fake, f"<@{A_USER}> hi")
-            await fake.deliver_event(alpha, events["message"])
-            await decisions.wait(said["ts"], A_USER)
-            await fake.wait_until(lambda: not fake.pending(ALPHA), what="acked")
-            await fake.deliver_event(alpha, events["app_mention"])
-            await fake.wait_until(lambda: not fake.pending(ALPHA), what="acked")
-            await g.idle(held=True)
-            assert await status(store, chat(CHAN), A_USER) == (0, 0)
+    async with flaky_app(fake, stores, answered) as (store, flaky, g, alpha):
+        flaky.fail["issue_ticket"] = times(1)
+        said, events = mentioned(fake, f"<@{A_USER}> hi")
+        await fake.deliver_event(alpha, events["message"])
+        await decisions.wait(said["ts"], A_USER)
+        await fake.wait_until(lambda: not fake.pending(ALPHA), what="acked")
+        await fake.deliver_event(alpha, events["app_mention"])
+        await fake.wait_until(lambda: not fake.pending(ALPHA), what="acked")
+        await g.idle(held=True)
+        assert await status(store, chat(CHAN), A_USER) == (0, 0)
     assert answered == []
 
 
@@ -1178,18 +1181,16 @@ async def test_a_late_retry_of_a_mentions_event_is_a_repeat_at_once(
     assert not [r for r in logged if "filed" in r.getMessage()]
 
 
-async def test_a_retry_to_another_replica_while_the_first_decides_is_answered_once(
-    fake: FakeSlack, stores: StoreFactory, decisions: Decisions
-) -> None:
-    # Breaks if a `duplicate` whose decision was filed for the same kind of
-    # event is taken for the mention's other event: Slack retried an
-    # app_mention the first replica was slow to decide, the second replica
-    # decided and answered it, and the first, told `duplicate`, ran its
-    # app_mention listener under that decision: answered twice.
+@asynccontextmanager
+async def slow_replicas(
+    fake: FakeSlack, stores: StoreFactory, call: str, seconds: float, answered: list[str]
+) -> AsyncIterator[tuple[Store, FakeApp, Callable[[], Awaitable[None]]]]:
+    """Two replicas of a mention-answering app on one store, the first's
+    `call` to the store `seconds` slow: (the store, the app in the fake,
+    until both replicas acked and settled everything)."""
     store, other = await stores(2)
     slow = Flaky(store)
-    slow.delay["admit"] = 0.5
-    answered: list[str] = []
+    slow.delay[call] = seconds
     policy = {"respond_to": "mentions"}
     async with (
         Bouncer(config("alpha", **policy), platform="slack", store=slow) as b1,  # type: ignore[arg-type]
@@ -1198,20 +1199,36 @@ async def test_a_retry_to_another_replica_while_the_first_decides_is_answered_on
         a1, g1 = mention_app(fake, b1, answered)
         a2, g2 = mention_app(fake, b2, answered)
         g1.other_event_seconds = g2.other_event_seconds = 0.3
-        async with online(fake, (a1, ALPHA)), online(fake, (a2, ALPHA)):
-            await fake.wait_until(lambda: fake.connected(ALPHA) == 2, what="both replicas")
-            alpha = fake.world.apps[ALPHA]
-            said, events = mentioned(fake, f"<@{A_USER}> hi")
-            first = await fake.deliver_event(alpha, events["app_mention"], socket=0)
-            await asyncio.sleep(0.15)  # the first replica claimed it, and admits
-            await fake.deliver_event(alpha, events["app_mention"], socket=1)  # Slack's retry
-            await fake.wait_for_messages(CHAN, 2)
-            await fake.wait_until(lambda: first.acked, what="the first acked", timeout=10)
+
+        async def settled() -> None:
             await fake.wait_until(lambda: not fake.pending(ALPHA), what="acked", timeout=10)
             await idle(g1, g2)()
             await g1.idle(held=True)
             await g2.idle(held=True)
-            assert await status(store, chat(CHAN), A_USER) == (1, 1)
+
+        async with online(fake, (a1, ALPHA)), online(fake, (a2, ALPHA)):
+            await fake.wait_until(lambda: fake.connected(ALPHA) == 2, what="both replicas")
+            yield store, fake.world.apps[ALPHA], settled
+
+
+async def test_a_retry_to_another_replica_while_the_first_decides_is_answered_once(
+    fake: FakeSlack, stores: StoreFactory, decisions: Decisions
+) -> None:
+    # Breaks if a `duplicate` whose decision was filed for the same kind of
+    # event is taken for the mention's other event: Slack retried an
+    # app_mention the first replica was slow to decide, the second replica
+    # decided and answered it, and the first, told `duplicate`, ran its
+    # app_mention listener under that decision: answered twice.
+    answered: list[str] = []
+    async with slow_replicas(fake, stores, "admit", 0.5, answered) as (store, alpha, settled):
+        said, events = mentioned(fake, f"<@{A_USER}> hi")
+        first = await fake.deliver_event(alpha, events["app_mention"], socket=0)
+        await asyncio.sleep(0.15)  # the first replica claimed it, and admits
+        await fake.deliver_event(alpha, events["app_mention"], socket=1)  # Slack's retry
+        await fake.wait_for_messages(CHAN, 2)
+        await fake.wait_until(lambda: first.acked, what="the first acked", timeout=10)
+        await settled()
+        assert await status(store, chat(CHAN), A_USER) == (1, 1)
     assert answered == [said["ts"]]
     assert [m["text"] for m in fake.messages(CHAN)] == [said["text"], "you called?"]
 
@@ -1224,28 +1241,14 @@ async def test_a_replica_that_gives_up_on_a_slow_decider_releases_the_ticket(
     # event, so the deciding replica took it as handled there and left the
     # release to it, and the rate slot stayed held until the ticket lapsed.
     monkeypatch.setattr(botbouncer.slack, "FILED_WITHIN", 0.2)  # 2 s in production
-    store, other = await stores(2)
-    slow = Flaky(store)
-    slow.delay["issue_ticket"] = 0.6
     answered: list[str] = []
-    policy = {"respond_to": "mentions"}
-    async with (
-        Bouncer(config("alpha", **policy), platform="slack", store=slow) as b1,  # type: ignore[arg-type]
-        Bouncer(config("alpha", **policy), platform="slack", store=other) as b2,
-    ):
-        a1, g1 = mention_app(fake, b1, answered)
-        a2, g2 = mention_app(fake, b2, answered)
-        g1.other_event_seconds = g2.other_event_seconds = 0.3
-        async with online(fake, (a1, ALPHA)), online(fake, (a2, ALPHA)):
-            await fake.wait_until(lambda: fake.connected(ALPHA) == 2, what="both replicas")
-            alpha = fake.world.apps[ALPHA]
-            said, events = mentioned(fake, f"<@{A_USER}> hi")
-            await fake.deliver_event(alpha, events["message"], socket=0)
-            await decisions.wait(said["ts"], A_USER)  # admitted; filing it is slow
-            await fake.deliver_event(alpha, events["app_mention"], socket=1)
-            await fake.wait_until(lambda: not fake.pending(ALPHA), what="acked", timeout=10)
-            await idle(g1, g2)()
-            await g1.idle(held=True)
-            await g2.idle(held=True)
-            assert await status(store, chat(CHAN), A_USER) == (0, 0)
+    async with slow_replicas(fake, stores, "issue_ticket", 0.6, answered) as (
+        store, alpha, settled,
+    ):  # fmt: skip
+        said, events = mentioned(fake, f"<@{A_USER}> hi")
+        await fake.deliver_event(alpha, events["message"], socket=0)
+        await decisions.wait(said["ts"], A_USER)  # admitted; filing it is slow
+        await fake.deliver_event(alpha, events["app_mention"], socket=1)
+        await settled()
+        assert await status(store, chat(CHAN), A_USER) == (0, 0)
     assert answered == []  # the window the docs name: never answered, but nothing held
