@@ -157,7 +157,7 @@ async def test_background_responses_are_fed_and_counted_once_when_fetched(
             assert d.llm_proxy is not None
             chained = await d.llm_proxy.chains.recall("response:" + first)
             assert chained is not None
-            session = chained[0]
+            session = chained.session
             await d.inflight.idle()
             state = await d.guard.state(session)
     assert (answer, ran) == ("Grey, 11 C.", 4)  # the loop stopped as in the foreground
@@ -237,7 +237,7 @@ async def test_a_background_stream_dropped_and_resumed_is_counted(
     usage = llm.background[made]["usage"]
     assert state is not None
     assert state["spent"]["tokens"] == usage["input_tokens"] + usage["output_tokens"]
-    assert chained is not None and [c[2] for c in chained[1]] == ["get_weather"]
+    assert chained is not None and [c[2] for c in chained.calls] == ["get_weather"]
 
 
 async def test_a_background_stream_read_to_its_end_counts_once_however_often_fetched(

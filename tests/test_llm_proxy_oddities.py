@@ -383,6 +383,32 @@ async def test_an_agent_that_nudges_the_model_on_gets_no_tools_back() -> None:
             assert await turn()  # the session started over: tools on again
 
 
+async def test_a_chained_responses_agent_nudging_on_gets_no_tools_back() -> None:
+    # Breaks if a held block reaches only requests that carry their history:
+    # a Responses agent continuing stored responses (previous_response_id)
+    # sends only its nudge, no tool events at all, and had the tools back,
+    # the same call running every other request.
+    tools = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
+    async with FakeLLM() as llm:
+        llm.default = repeat_tool_call("get_weather", {"city": "Brest"}, otherwise="Grey.")
+        async with proxy_daemon(llm, "memory://", None) as (_, url):
+            route = f"{url}/llm/openai/v1/responses"
+            asked = [{"role": "user", "content": "Brest? Go on."}]
+            body: dict[str, Any] = {"model": "m", "tools": tools, "input": asked}
+            ran = 0
+            for _ in range(12):
+                _, _, raw, _ = await raw_post(route, body)
+                said = json.loads(raw)
+                calls = [i for i in said["output"] if i["type"] == "function_call"]
+                ran += len(calls)
+                new: list[Any] = [{"type": "function_call_output", "call_id": c["call_id"],
+                                   "output": "grey"} for c in calls]  # fmt: skip
+                new = new or [{"role": "user", "content": "Please continue the task."}]
+                body = {"model": "m", "tools": tools, "previous_response_id": said["id"],
+                        "input": new}  # fmt: skip
+    assert ran == 4  # the 4th ran before the proxy saw it; none after
+
+
 async def test_a_conversation_in_use_keeps_its_session_past_the_state_ttl() -> None:
     # Breaks if the record of which answer named a session is stored once and
     # never renewed: a conversation in use for longer than the state TTL was

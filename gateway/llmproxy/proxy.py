@@ -282,18 +282,20 @@ class LlmProxy:
             return self._error(dialect, 400, str(exc), "invalid_session")
         read = body  # as its tool events are read
         previous = dialect.continues(body)
+        held = False  # it continues an answer written under a block
         if previous is not None:
             chain = await self._recall(previous)
             if chain is not None:
-                session = session or chain[0]
-                read = dialect.continued(body, chain[1])
+                session = session or chain.session
+                read = dialect.continued(body, chain.calls)
+                held = chain.held
         # Whether the session is the conversation's own: the header's, a
         # chain's, or one an answer relayed here named (_named).
         named = session is not None
         if session is None:
             session, named = await self._named(dialect, body, credential)
         try:
-            verdict = await self._check(session, dialect, read, raw)
+            verdict = await self._check(session, dialect, read, raw, held)
         except StoreError as exc:
             log.warning("llm proxy: the guard's store failed (%s); %s request forwarded "
                         "unguarded", exc, dialect.name)  # fmt: skip
@@ -365,7 +367,8 @@ class LlmProxy:
                 await self._account(session, dialect, body, tap.usage)
                 if tap.continuable is not None and session is not None:
                     keys = dialect.continued_as(body, tap.continuable[0])
-                    await self._remember(session, keys, *tap.continuable)
+                    blocked = verdict.action == "tools_disabled"
+                    await self._remember(session, keys, *tap.continuable, held=blocked)
             return done
         finally:
             if verdict.saving is not None:
@@ -376,8 +379,9 @@ class LlmProxy:
                                 "they may be fed again", session, exc)  # fmt: skip
 
     async def _check(
-        self, session: str | None, dialect: Dialect, body: Json, raw: bytes
+        self, session: str | None, dialect: Dialect, body: Json, raw: bytes, chained: bool = False
     ) -> Verdict:
+        """`chained`: the request continues an answer a block held (Chain.held)."""
         if session is None:
             return Verdict(None, "forwarded")  # a conversation's first request
         profile = self.config.profile
@@ -405,13 +409,15 @@ class LlmProxy:
                     saving = asyncio.create_task(self.seen.remember(session, events, fed, held))
                 else:
                     replay = fed.held
+            elif chained:  # no history to hold it: the answer it continues says so
+                replay = (await self.seen.new(session, [])).held
             if not checked:  # nothing new to feed: is the budget spent?
                 usage = await self.guard.usage(session, self._usage(0, 0), profile)
                 answers.append(usage)
                 self.metrics.guard_checks.labels(usage.decision, usage.reason).inc()
                 used = usage.steps.get("used") or 0
                 if replay is not None and replay.applies_to(
-                    _request_digest(raw), used, {e.key for e in events}
+                    _request_digest(raw), used, {e.key for e in events}, chained
                 ):
                     # The request the guard decided on, sent again (an SDK's
                     # retry), or the conversation it blocked nudged on: the
@@ -498,7 +504,7 @@ class LlmProxy:
             log.warning("llm proxy: session %s was not kept for the other replicas (%s)",
                         session, exc)  # fmt: skip
 
-    async def _recall(self, previous: str) -> tuple[str, list[list[str]]] | None:
+    async def _recall(self, previous: str) -> sessions.Chain | None:
         try:
             return await self.chains.recall(previous)
         except StoreError as exc:
@@ -507,13 +513,18 @@ class LlmProxy:
             return None
 
     async def _remember(
-        self, session: str, keys: list[str], answer_id: str, calls: list[list[str]]
+        self,
+        session: str,
+        keys: list[str],
+        answer_id: str,
+        calls: list[list[str]],
+        held: bool = False,
     ) -> None:
         """An answer the upstream keeps, for the requests that continue it
-        (under `keys`: Dialect.continued_as)."""
+        (under `keys`: Dialect.continued_as); `held`: written under a block."""
         try:
             for key in keys:
-                await self.chains.remember(key, session, calls)
+                await self.chains.remember(key, session, calls, held)
         except StoreError as exc:
             log.warning("llm proxy: answer %.60r of session %s not kept for the requests "
                         "that continue it (%s)", answer_id, session, exc)  # fmt: skip

@@ -164,10 +164,13 @@ class Held:
     steps: int  # the session's steps then: a session started over since has fewer
     keys: tuple[str, ...] = ()  # the events that request fed
 
-    def applies_to(self, request: str, steps: int, history: set[str]) -> bool:
+    def applies_to(
+        self, request: str, steps: int, history: set[str], chained: bool = False
+    ) -> bool:
         """To a request that feeds nothing new: the same request sent again,
         or, for a block, any whose history (the keys of its events) holds
-        what the blocked request fed: the same conversation, its final
+        what the blocked request fed, or that continues an answer the block
+        held (`chained`, Chain.held): the same conversation, its final
         answer nudged on ("please continue" would turn the tools back on,
         and the same call run again each time); not another conversation of
         the session. Not once the session started over (DELETE): fewer steps."""
@@ -175,7 +178,9 @@ class Held:
             return False
         if self.request == request:
             return True
-        return self.decision == "block" and bool(self.keys) and history.issuperset(self.keys)
+        if self.decision != "block":
+            return False
+        return chained or (bool(self.keys) and history.issuperset(self.keys))
 
 
 def _held(value: Any) -> Held | None:
@@ -259,12 +264,24 @@ def _keys(value: Any) -> list[str]:
     return [k for k in value if isinstance(k, str)] if isinstance(value, list) else []
 
 
+@dataclass(frozen=True)
+class Chain:
+    """An answer a later request may continue on the server: its session,
+    its tool calls, and whether it was written under a block (tools off)."""
+
+    session: str
+    calls: list[list[str]]
+    held: bool = False
+
+
 class Chains:
     """Answers a later request may continue on the server (Responses'
     `previous_response_id`, or the last answer of a `conversation`), by the
     dialect's key: the session it belongs to and its tool calls, which the
-    continuing request does not carry. Kept in the store with the state TTL,
-    so any replica can read them."""
+    continuing request does not carry, and whether a block held it (a
+    request continuing it, bringing nothing new, is held too: it carries no
+    history that would say so). Kept in the store with the state TTL, so any
+    replica can read them."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -273,20 +290,27 @@ class Chains:
     def _name(key: str) -> str:
         return "llm-chain:" + digest(key)[:40]
 
-    async def recall(self, key: str) -> tuple[str, list[list[str]]] | None:
-        """(session, calls) of the answer kept under `key`, None when unknown."""
+    async def recall(self, key: str) -> Chain | None:
+        """The answer kept under `key`, None when unknown."""
         raw = await self.store.get_cursor(self._name(key))
         try:
-            session, calls = json.loads(raw) if raw else (None, None)
+            value = json.loads(raw) if raw else None
         except (ValueError, TypeError):
             return None
+        if not isinstance(value, list) or len(value) not in (2, 3):
+            return None
+        session, calls = value[:2]
         if not isinstance(session, str) or not isinstance(calls, list):
             return None
         kept = [c for c in calls if isinstance(c, list) and len(c) == 4]
-        return session, [c for c in kept if all(isinstance(x, str) for x in c)]
+        calls = [c for c in kept if all(isinstance(x, str) for x in c)]
+        return Chain(session, calls, len(value) == 3 and value[2] is True)
 
-    async def remember(self, key: str, session: str, calls: list[list[str]]) -> None:
-        await self.store.set_cursor(self._name(key), json.dumps([session, calls]))
+    async def remember(
+        self, key: str, session: str, calls: list[list[str]], held: bool = False
+    ) -> None:
+        value: list[Any] = [session, calls, True] if held else [session, calls]
+        await self.store.set_cursor(self._name(key), json.dumps(value))
 
 
 @dataclass(frozen=True)
