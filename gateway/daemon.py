@@ -219,8 +219,9 @@ class Daemon:
         fit_open_files(http.max_connections)
         # The http section is read per connection: a reload's deadlines and
         # cap apply from the next one (gateway/httpserve.py).
+        shape = self.llm_proxy.error_for if self.llm_proxy is not None else None
         self._runner = Runner(
-            self.server.app, lambda: self.config.http, access_log=None, shutdown_timeout=1.0
+            self.server.app, lambda: self.config.http, shape, access_log=None, shutdown_timeout=1.0
         )
         await self._runner.setup()
         site = web.TCPSite(self._runner, http.host, http.port, backlog=BACKLOG)

@@ -365,7 +365,10 @@ class Connection(RequestHandler):
         if request.writer.output_size > 0:
             # As aiohttp: part of an answer is out, so no other can follow.
             raise ConnectionError("response already started, cannot send an error")
-        resp = web.json_response({"error": text}, status=status)
+        shape = getattr(self._manager, "shape", None)
+        resp = shape(request.path, status, text) if shape is not None else None
+        if resp is None:
+            resp = web.json_response({"error": text}, status=status)
         resp.force_close()
         return resp
 
@@ -427,14 +430,23 @@ def _peer(conn: RequestHandler) -> str:
     return str(peer or "?")
 
 
+# The answer to an error of the HTTP layer on a route that speaks another
+# error shape (the LLM proxy's: the API's own), from (path, status, message);
+# None: the default {"error": message}.
+ErrorShape = Callable[[str, int, str], web.Response | None]
+
+
 class _Server(Server):
     """aiohttp's Server as the application runner built it, making a
     `Connection` per client instead of a plain `RequestHandler`."""
 
-    def __init__(self, built: Server, settings: Callable[[], HttpConfig]) -> None:
+    def __init__(
+        self, built: Server, settings: Callable[[], HttpConfig], shape: ErrorShape | None
+    ) -> None:
         vars(self).update(vars(built))
         self._settings = settings
         self._census = _Census()
+        self.shape = shape
 
     def __call__(self) -> RequestHandler:
         settings = self._settings()  # read per connection: a reload applies to the next
@@ -447,16 +459,21 @@ class Runner(web.AppRunner):
     every new connection, so a reloaded `http` section applies from the
     next one."""
 
-    __slots__ = ("_settings",)
+    __slots__ = ("_settings", "_shape")
 
     def __init__(
-        self, app: web.Application, settings: Callable[[], HttpConfig], **kwargs: Any
+        self,
+        app: web.Application,
+        settings: Callable[[], HttpConfig],
+        shape: ErrorShape | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(app, **kwargs)
         self._settings = settings
+        self._shape = shape
 
     async def _make_server(self) -> Server:
-        return _Server(await super()._make_server(), self._settings)
+        return _Server(await super()._make_server(), self._settings, self._shape)
 
 
 def fit_open_files(max_connections: int) -> None:

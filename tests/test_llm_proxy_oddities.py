@@ -428,6 +428,33 @@ async def test_a_conversation_in_use_keeps_its_session_past_the_state_ttl() -> N
     assert await Anchors(store).known(["llm-a"]) == "llm-a"  # another replica finds it
 
 
+async def test_an_error_of_the_http_layer_comes_in_the_api_s_shape() -> None:
+    # Breaks if the daemon's HTTP layer answers the proxy's routes as it
+    # answers its own: a body that is no gzip it says it is got a bare
+    # {"error": "..."}, neither OpenAI's error object nor Anthropic's.
+    headers = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
+    routes = ("/llm/openai/v1/chat/completions", "/llm/anthropic/v1/messages",
+              "/v1/guard/run-1/step")  # fmt: skip
+    got = {}
+    async with (
+        FakeLLM() as llm,
+        proxy_daemon(llm, "memory://", None) as (_, url),
+        aiohttp.ClientSession() as http,
+    ):
+        for route in routes:
+            async with http.post(url + route, data=b"not gzip", headers=headers) as resp:
+                got[route] = (resp.status, await resp.json())
+    status, openai_error = got[routes[0]]
+    assert status == 400 and openai_error["error"]["code"] == "invalid_request"
+    assert openai_error["error"]["message"].startswith("malformed request")
+    status, anthropic_error = got[routes[1]]
+    assert status == 400 and anthropic_error["type"] == "error"
+    assert anthropic_error["error"]["message"].startswith("malformed request")
+    status, own = got[routes[2]]  # the daemon's own routes: as before
+    assert status == 400 and own["error"].startswith("malformed request")
+    assert llm.count == 0
+
+
 async def test_a_query_reaches_the_upstream_as_sent() -> None:
     # Breaks if the query is decoded and encoded again: `?flag` reached the
     # upstream as `?flag=`, which a server may read otherwise.

@@ -69,6 +69,9 @@ from gateway.outbound import client_session
 from gateway.store import Store, StoreError
 
 log = logging.getLogger("botbouncer.llm_proxy")
+# The code of an error the HTTP layer answers, by its status (error_for).
+_LAYER_CODES = {408: "request_timeout", 413: "request_too_large", 431: "request_too_large",
+                500: "internal_error", 504: "timeout"}  # fmt: skip
 
 # Never forwarded either way: hop-by-hop headers and the proxy's own session header.
 _HOP = HOP_BY_HOP | {sessions.HEADER.lower()}
@@ -784,6 +787,16 @@ class LlmProxy:
             content_type="application/json",
             headers={**(headers or {}), ERROR_HEADER: code},
         )
+
+    def error_for(self, path: str, status: int, message: str) -> web.Response | None:
+        """An error the daemon's HTTP layer answers on this proxy's routes (a
+        body that is no gzip it says it is, one that came late, a head too
+        large), in the API's own shape, which the SDKs read; None elsewhere."""
+        for name, prefix in self.paths.items():
+            if path == prefix or path.startswith(prefix + "/"):
+                code = _LAYER_CODES.get(status, "invalid_request")
+                return self._error(self._api(name)[1], status, message, code)
+        return None
 
     def _count(self, api: str, action: str) -> None:
         self.metrics.llm_requests.labels(api, action).inc()
