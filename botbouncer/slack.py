@@ -52,11 +52,12 @@ its tokens.
   which post once): one place that sees each post once, with its answer.
 
 Slack delivers a message that mentions the app twice when the app subscribes
-to both `message` and `app_mention` events, and replicas of the app (processes
-whose Bouncers share one Redis) may get one each: the first event to arrive is
-decided and its decision filed in the store (`Bouncer.decide` with `shared`);
-the other one gets the same decision and ticket, from the first in the same
-process, else from the store, and runs its listeners under it. A claim in the
+to both `message` and `app_mention` events: the first event to arrive is
+decided and the other gets the same decision and ticket, in this process
+(no store call more). With `replicas=True`, replicas of the app (processes
+whose Bouncers share one Redis) may get one each: the decision is filed in
+the store (`Bouncer.decide` with `shared`) and the other event gets it from
+there, in whichever replica, and runs its listeners under it. A claim in the
 store per kind of event lets each run once. The ticket is released once both
 events' listeners ended with nothing posted; when the first one's ended before
 the other event came, and a listener of the app would take that event, the
@@ -267,10 +268,13 @@ class _Completion(AsyncListenerCompletionHandler):
 class SlackGuard(AsyncMiddleware):
     """What `guard` installed on one AsyncApp (see the module docstring)."""
 
-    def __init__(self, app: AsyncApp, bouncer: Bouncer, *, warnings: bool) -> None:
+    def __init__(
+        self, app: AsyncApp, bouncer: Bouncer, *, warnings: bool, replicas: bool = False
+    ) -> None:
         self.app = app
         self.bouncer = bouncer
         self.warnings = warnings
+        self.replicas = replicas  # a mention's decision shared through the store
         self.threads = Threads()
         self.people = People()
         self.known = False  # bouncer.bot_id is the bot user's
@@ -415,7 +419,7 @@ class SlackGuard(AsyncMiddleware):
             ticket.handlings -= 1
             if ticket.handlings == 0 and ticket.sent == 0 and not ticket.settled:
                 if (
-                    ticket.shared is not None
+                    (ticket.shared is not None or ticket.body is not None)  # a mention's
                     and ticket.decision.action is Action.REPLY
                     and len(ticket.kinds) < len(MESSAGE_EVENTS)
                 ):
@@ -503,8 +507,8 @@ class SlackGuard(AsyncMiddleware):
 
     async def _alone(self, ticket: _Ticket) -> None:
         """A mention's ticket nothing was sent on, whose handling here ended
-        and whose other event was not handled here."""
-        assert ticket.shared is not None
+        and whose other event was not handled here (in this process only,
+        without `replicas`: no store call)."""
         async with ticket.lock:
             if not self._settling(ticket) or len(ticket.kinds) > 1:
                 return  # the other event came here meanwhile: its handling settles it
@@ -512,20 +516,20 @@ class SlackGuard(AsyncMiddleware):
             if ticket.first and not await self._listens(ticket.body or {}, other):
                 self._release(ticket)  # no listener takes the other event: nothing to wait for
                 return
-            try:
-                last = not await self._claim(ticket.shared, "ended")
-            except StoreError as exc:
-                return self._unsettled(ticket, exc)
-            if not self._settling(ticket):
-                return
-            if last:  # the other event's handling (elsewhere) ended first
-                self._release(ticket)
-            elif not ticket.first:  # the first event's, elsewhere, still runs: it releases
-                ticket.settle()
-            else:
-                self._waiting.add(ticket)
-                wait = 0.0 if self._closing else self.other_event_seconds
-                ticket.wait = asyncio.get_running_loop().call_later(wait, self._waited, ticket)
+            if ticket.shared is not None:
+                try:
+                    last = not await self._claim(ticket.shared, "ended")
+                except StoreError as exc:
+                    return self._unsettled(ticket, exc)
+                if not self._settling(ticket):
+                    return
+                if last:  # the other event's handling (elsewhere) ended first
+                    return self._release(ticket)
+                if not ticket.first:  # the first event's, elsewhere, still runs: it releases
+                    return ticket.settle()
+            self._waiting.add(ticket)  # it waits for its other event
+            wait = 0.0 if self._closing else self.other_event_seconds
+            ticket.wait = asyncio.get_running_loop().call_later(wait, self._waited, ticket)
 
     def _unwait(self, ticket: _Ticket) -> None:
         """The ticket no longer waits for its other event (it came)."""
@@ -542,11 +546,12 @@ class SlackGuard(AsyncMiddleware):
     async def _shut_out(self, ticket: _Ticket) -> None:
         """The mention's other event did not come here in time: claimed, it
         will be a repeat wherever it comes; if it came elsewhere, that
-        handling releases the ticket when it ends."""
-        assert ticket.shared is not None
+        handling releases the ticket when it ends (in one process: released)."""
         async with ticket.lock:
             if not self._settling(ticket) or len(ticket.kinds) > 1:
                 return
+            if ticket.shared is None:
+                return self._release(ticket)
             try:
                 shut = await self._claim(ticket.shared, _other(next(iter(ticket.kinds))))
             except StoreError as exc:
@@ -703,9 +708,14 @@ class SlackGuard(AsyncMiddleware):
                 seen = None  # its decision failed: this event tries again
             else:
                 d, ticket = earlier
+                if ticket is not None and ticket.shared is None:  # decided here, in memory
+                    if ticket.settled:  # released, its wait over: a repeat (the store says so)
+                        return await self._decided_anew(msg)
+                    ticket.kinds.add(kind)
+                    self._unwait(ticket)
+                    return d, ticket, False
                 if (
                     ticket is None
-                    or ticket.shared is None
                     or d.action is not Action.REPLY
                     or await self._joins(ticket, kind)
                 ):
@@ -717,10 +727,11 @@ class SlackGuard(AsyncMiddleware):
                 self._seen.popitem(last=False)
         outcome: tuple[Decision, _Ticket | None, bool] | None = None
         try:
-            if shared is None:
+            if shared is None or not self.replicas:
                 made = await self._decide(msg)
                 if made is not None:
-                    ticket = None if made.ticket is None else _Ticket(made, {kind})
+                    mention = body if shared is not None else None  # its other event may come
+                    ticket = None if made.ticket is None else _Ticket(made, {kind}, body=mention)
                     outcome = (made, ticket, True)
             else:
                 outcome = await self._decide_mention(msg, kind, shared, body)
@@ -733,6 +744,10 @@ class SlackGuard(AsyncMiddleware):
         if shown is None and self._seen.get(key) is mine:
             del self._seen[key]
         return outcome
+
+    async def _decided_anew(self, msg: Message) -> tuple[Decision, _Ticket | None, bool] | None:
+        d = await self._decide(msg)
+        return None if d is None else (d, None, True)
 
     async def _decide_mention(
         self, msg: Message, kind: str, key: str, body: dict[str, Any]
@@ -869,14 +884,20 @@ class SlackGuard(AsyncMiddleware):
         await count_sent(self.bouncer, d, chat.key, ts, text, log)
 
 
-def guard(app: AsyncApp, bouncer: Bouncer, *, warnings: bool = True) -> SlackGuard:
+def guard(
+    app: AsyncApp, bouncer: Bouncer, *, warnings: bool = True, replicas: bool = False
+) -> SlackGuard:
     """Put `bouncer` in front of `app`'s listeners and count every message its
     clients post (see the module docstring). Call it once, right after
     creating the app: before middleware of your own, before the app runs.
     The Bouncer learns the bot user's id (`bot_id`) from Bolt's authorisation
     at the first event, or from auth.test at the first post before that.
     `warnings=False`: on `warn` nothing is posted (the listeners still do not
-    see the message; its ticket is released)."""
+    see the message; its ticket is released). `replicas=True`: the app runs
+    as several processes on one store, which may get a mention's two events
+    one each; its decision is then shared through the store (claims, a
+    filed decision: three or four more store calls a mention in a channel),
+    where one process needs none (admit and sent: two)."""
     if bouncer.bot.platform != "slack":
         raise ConfigError(f"bot {bouncer.bot.name!r} is configured for platform "
                           f"{bouncer.bot.platform}, not slack: chats are counted per "
@@ -891,6 +912,6 @@ def guard(app: AsyncApp, bouncer: Bouncer, *, warnings: bool = True) -> SlackGua
         raise RuntimeError("botbouncer.slack needs slack_bolt 1.30 (its AsyncioListenerRunner)")
     if isinstance(getattr(app.async_dispatch, "__self__", None), SlackGuard):
         raise ValueError("this app is guarded already")
-    g = SlackGuard(app, bouncer, warnings=warnings)
+    g = SlackGuard(app, bouncer, warnings=warnings, replicas=replicas)
     g._install()
     return g

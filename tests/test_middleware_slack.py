@@ -514,12 +514,13 @@ async def test_message_and_app_mention_of_one_message_share_its_decision(
 
 
 def mention_app(
-    fake: FakeSlack, bouncer: Bouncer, answered: list[str]
+    fake: FakeSlack, bouncer: Bouncer, answered: list[str], replicas: bool = False
 ) -> tuple[AsyncApp, SlackGuard]:
     """The usual Bolt app for mentions: an app_mention listener that answers
     (each event's ts into `answered`), and Bolt's suggested no-op listener
-    for the message events it is subscribed to as well."""
-    app, g, _ = bolt(fake, ALPHA, bouncer, lambda **_: asyncio.sleep(0))
+    for the message events it is subscribed to as well. `replicas`: its
+    guard shares a mention's decision through the store."""
+    app, g, _ = bolt(fake, ALPHA, bouncer, lambda **_: asyncio.sleep(0), replicas=replicas)
 
     @app.event("app_mention")
     async def on_mention(event: Json, say: AsyncSay) -> None:
@@ -553,8 +554,8 @@ async def test_replicas_answer_a_mention_once_whichever_gets_which_event(
         Bouncer(config("alpha", **policy), platform="slack", store=store) as b1,
         Bouncer(config("alpha", **policy), platform="slack", store=other) as b2,
     ):
-        a1, g1 = mention_app(fake, b1, answered)
-        a2, g2 = mention_app(fake, b2, answered)
+        a1, g1 = mention_app(fake, b1, answered, replicas=True)
+        a2, g2 = mention_app(fake, b2, answered, replicas=True)
         async with online(fake, (a1, ALPHA)), online(fake, (a2, ALPHA)):
             await fake.wait_until(lambda: fake.connected(ALPHA) == 2, what="both replicas")
             alpha = fake.world.apps[ALPHA]
@@ -1014,6 +1015,7 @@ class Flaky:
         self._inner = inner
         self.delay: dict[str, float] = {}
         self.fail: dict[str, Callable[[tuple[Any, ...]], bool]] = {}
+        self.calls: list[str] = []  # the names of the calls made, in order
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._inner, name)
@@ -1021,6 +1023,7 @@ class Flaky:
             return attr
 
         async def call(*a: Any, **kw: Any) -> Any:
+            self.calls.append(name)
             test = self.fail.get(name)
             if test is not None and test(a):
                 raise StoreError(f"{name}: made to fail")
@@ -1054,10 +1057,39 @@ async def flaky_app(
     flaky = Flaky(store)
     bouncer = Bouncer(config("alpha", respond_to="mentions"), platform="slack", store=flaky)  # type: ignore[arg-type]
     async with bouncer:
-        app, g = mention_app(fake, bouncer, answered)
+        app, g = mention_app(fake, bouncer, answered, replicas=True)
         g.other_event_seconds = 0.3
         async with online(fake, (app, ALPHA)):
             yield store, flaky, g, fake.world.apps[ALPHA]
+
+
+@pytest.mark.parametrize("first", ["message", "app_mention"])
+async def test_one_process_answers_a_mention_in_two_store_round_trips(
+    fake: FakeSlack, stores: StoreFactory, decisions: Decisions, first: str
+) -> None:
+    # Breaks if an app of one process shares a mention's decision through the
+    # store as replicas must (replicas=True): each answered mention cost
+    # three or four store calls more than the admit and the sent.
+    (store,) = await stores(1)
+    counted = Flaky(store)
+    answered: list[str] = []
+    async with Bouncer(config("alpha", respond_to="mentions"), platform="slack",
+                       store=counted) as bouncer:  # type: ignore[arg-type]  # fmt: skip
+        app, g = mention_app(fake, bouncer, answered)
+        async with online(fake, (app, ALPHA)):
+            alpha = fake.world.apps[ALPHA]
+            said, events = mentioned(fake, f"<@{A_USER}> hi")
+            for kind in (first, _other_kind(first)):
+                await fake.deliver_event(alpha, events[kind])
+                await fake.wait_until(lambda: not fake.pending(ALPHA), what="acked")
+                await g.idle()
+            await g.idle(held=True)
+    assert answered == [said["ts"]]
+    assert counted.calls == ["admit", "record_sent"]
+
+
+def _other_kind(kind: str) -> str:
+    return "app_mention" if kind == "message" else "message"
 
 
 async def test_a_store_blip_when_the_other_event_comes_still_settles_the_ticket(
@@ -1116,7 +1148,7 @@ async def test_a_mention_in_a_dm_does_not_wait_for_an_app_mention(
     answered: list[str] = []
     policy = {"rate_cap": {"max_replies": 1, "scope": "all"}}  # DMs too
     async with Bouncer(config("alpha", **policy), platform="slack", store=store) as bouncer:
-        app, g = mention_app(fake, bouncer, answered)
+        app, g = mention_app(fake, bouncer, answered, replicas=True)
         async with online(fake, (app, ALPHA)):
             said = new_message(fake.world, fake.world.users[ALICE], f"<@{A_USER}> hi")
             fake.world.channels[dm].messages.append(said)
@@ -1137,7 +1169,7 @@ async def test_closing_the_guard_settles_the_tickets_that_wait(
     answered: list[str] = []
     async with Bouncer(config("alpha", respond_to="mentions"), platform="slack",
                        store=store) as bouncer:  # fmt: skip
-        app, g = mention_app(fake, bouncer, answered)
+        app, g = mention_app(fake, bouncer, answered, replicas=True)
         async with online(fake, (app, ALPHA)):
             said, events = mentioned(fake, f"<@{A_USER}> hi")
             await fake.deliver_event(fake.world.apps[ALPHA], events["message"])
@@ -1162,7 +1194,7 @@ async def test_a_late_retry_of_a_mentions_event_is_a_repeat_at_once(
     answered: list[str] = []
     policy = {"respond_to": "mentions", "ticket_seconds": 0.3}
     async with Bouncer(config("alpha", **policy), platform="slack", store=store) as bouncer:
-        app, g = mention_app(fake, bouncer, answered)
+        app, g = mention_app(fake, bouncer, answered, replicas=True)
         async with online(fake, (app, ALPHA)):
             alpha = fake.world.apps[ALPHA]
             said, events = mentioned(fake, f"<@{A_USER}> hi")
@@ -1196,8 +1228,8 @@ async def slow_replicas(
         Bouncer(config("alpha", **policy), platform="slack", store=slow) as b1,  # type: ignore[arg-type]
         Bouncer(config("alpha", **policy), platform="slack", store=other) as b2,
     ):
-        a1, g1 = mention_app(fake, b1, answered)
-        a2, g2 = mention_app(fake, b2, answered)
+        a1, g1 = mention_app(fake, b1, answered, replicas=True)
+        a2, g2 = mention_app(fake, b2, answered, replicas=True)
         g1.other_event_seconds = g2.other_event_seconds = 0.3
 
         async def settled() -> None:
