@@ -18,7 +18,6 @@ from gateway.admin import Admin
 from gateway.api.admin import AdminRoutes, chat_key
 from gateway.api.common import (
     MAX_BODY,
-    WEBHOOK_MAX_BODY,
     BadRequest,
     Handler,
     IngressHandler,
@@ -39,10 +38,6 @@ from gateway.openapi import OPENAPI as FULL_OPENAPI
 from gateway.store import Store
 
 log = logging.getLogger("botbouncer.http")
-
-# The platform webhooks' routes (gateway/api/ingress.py): their body limit is
-# WEBHOOK_MAX_BODY, a platform's largest event, not MAX_BODY.
-WEBHOOKS = "/v1/webhooks/"
 
 
 class HttpServer:
@@ -112,14 +107,10 @@ class HttpServer:
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path.startswith(WEBHOOKS):
-            # what request.read() and json_body take: the webhook's limit
-            request = request.clone(client_max_size=WEBHOOK_MAX_BODY)
         try:
             return await handler(request)
         except web.HTTPRequestEntityTooLarge:
-            self._too_large(request)
-            return error(413, f"request body larger than {request.client_max_size} bytes")
+            return error(413, f"request body larger than {MAX_BODY} bytes")
         except web.HTTPException as exc:
             if exc.status >= 400:
                 # A 405 names the allowed methods (RFC 9110): keep its Allow.
@@ -138,8 +129,6 @@ class HttpServer:
             return error(503, "botbouncer stopped before this message was answered; nothing "
                          "was sent for it: send it again, to another replica")  # fmt: skip
         except BotbouncerError as exc:
-            if exc.status == 413:
-                self._too_large(request)
             # Each error says its own answer (gateway/errors.py). A store
             # error is logged, not acted on: the degraded gauge is the
             # failover's to set, and one refused call is no switch.
@@ -148,16 +137,6 @@ class HttpServer:
             elif exc.status == 500:  # not meant to reach a client: a bug
                 log.exception("unexpected %s on %s", type(exc).__name__, request.path)
             return error(exc.status, exc.public(), **exc.headers())
-
-    def _too_large(self, request: web.Request) -> None:
-        """A platform's event refused for its size is lost (the platform's
-        retries are as large): say so."""
-        if request.path.startswith(WEBHOOKS):
-            size = request.content_length
-            log.warning("webhook of bot %s: a request of %s bytes refused, over the limit of %d: "
-                        "the event it carried is lost", request.match_info.get("bot", "?"),
-                        "more than " + str(request.client_max_size) if size is None else size,
-                        request.client_max_size)  # fmt: skip
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.json_response(await self.health.report())

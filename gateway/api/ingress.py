@@ -4,9 +4,21 @@ handler per bot; the routes find it (docs/http-api.md)."""
 
 from __future__ import annotations
 
+import logging
+
 from aiohttp import web
 
-from gateway.api.common import IngressHandler, WebhookHandler, error, json_body, reply
+from gateway.api.common import (
+    WEBHOOK_MAX_BODY,
+    BodyTooLarge,
+    IngressHandler,
+    WebhookHandler,
+    error,
+    json_body,
+    reply,
+)
+
+log = logging.getLogger("botbouncer.http")
 
 
 class IngressRoutes:
@@ -30,7 +42,20 @@ class IngressRoutes:
         return reply(payload, status)
 
     async def _webhook(self, request: web.Request) -> web.Response:
-        handler = self.webhooks.get(request.match_info["bot"])
+        bot = request.match_info["bot"]
+        handler = self.webhooks.get(bot)
         if handler is None:
             return error(404, "no bot here takes webhooks under that name")
-        return await handler(request)
+        # One event as the platform sends it: what request.read() and
+        # json_body take here is WEBHOOK_MAX_BODY, not MAX_BODY.
+        request = request.clone(client_max_size=WEBHOOK_MAX_BODY)
+        try:
+            return await handler(request)
+        except (web.HTTPRequestEntityTooLarge, BodyTooLarge):
+            # the platform's retries are as large: the event is lost, say so
+            size = request.content_length
+            log.warning("webhook of bot %s: a request of %s bytes refused, over the limit of %d: "
+                        "the event it carried is lost", bot,
+                        f"more than {WEBHOOK_MAX_BODY}" if size is None else size,
+                        WEBHOOK_MAX_BODY)  # fmt: skip
+            return error(413, f"request body larger than {WEBHOOK_MAX_BODY} bytes")
