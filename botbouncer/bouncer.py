@@ -40,12 +40,12 @@ from gateway.config import (
     load_config,
     parse_config,
 )
-from gateway.decide import Decider, StoreTickets
+from gateway.decide import Decider
 from gateway.model import Action, Decision, Message, Reason, Turn
 from gateway.outbound import Outbound
 from gateway.pipeline import Gateway, context_for
 from gateway.store import SentResult, Store, open_store
-from gateway.store.tickets import ISSUED, ProcessTickets
+from gateway.store.tickets import ProcessTickets
 
 # The ticket of a decision filed in the store under a key (`Bouncer.decide`
 # with `shared`): this prefix, then the key. A process ticket
@@ -138,8 +138,7 @@ class Bouncer:
         # Its tickets never leave this process: kept here, not filed in the store
         self._decider = Decider(self.gateway, ProcessTickets())
         # ... but for a decision shared with other processes: filed in the store
-        self._filed = StoreTickets(self.store)
-        self._shared = Decider(self.gateway, self._filed)
+        self._shared = Decider(self.gateway)  # its tickets filed in the store
 
     @property
     def bot_id(self) -> str:
@@ -168,8 +167,7 @@ class Bouncer:
         if d.reason is Reason.DUPLICATE:
             return d
         try:
-            await self._filed.issue(self._shared._filed(shared), d, self._shared.ttl_ms(),
-                                    self.gateway.now_ms())  # fmt: skip
+            await self._shared.file(d, shared)
         except BaseException:
             # No ticket reached the caller: the slot the admit reserved goes
             # back now (shielded, also when cancelled), not when it lapses.
@@ -183,11 +181,9 @@ class Bouncer:
         """The decision `decide(..., shared=key)` filed (in any process on
         the store), with its ticket; None when there is none: not filed
         yet, or lapsed. Its ticket may have been sent on or released since."""
-        # spending a ticket as `issued` leaves it as it is: a read
-        found = await self._filed.spend(self._shared._filed(key), ISSUED, self.gateway.now_ms())
-        if found is None:
+        d = await self._shared.filed(key)
+        if d is None:
             return None
-        d = found[1]
         return d if d.action is Action.DROP else replace(d, ticket=SHARED + key)
 
     async def sent(

@@ -138,8 +138,19 @@ class Decider:
         if d.action is Action.DROP:
             return d
         ticket = secrets.token_urlsafe(18)
-        await self.tickets.issue(self._filed(ticket), d, self.ttl_ms(), self.gateway.now_ms())
+        await self.file(d, ticket)
         return replace(d, ticket=ticket)
+
+    async def file(self, d: Decision, ticket: str) -> None:
+        """`d` filed under a ticket the caller names (Bouncer.decide with
+        `shared`), whatever its action."""
+        await self.tickets.issue(self._filed(ticket), d, self.ttl_ms(), self.gateway.now_ms())
+
+    async def filed(self, ticket: str) -> Decision | None:
+        """The decision filed under `ticket`, unspent, or None (a read:
+        spending it as `issued` leaves it as it is)."""
+        found = await self.tickets.spend(self._filed(ticket), ISSUED, self.gateway.now_ms())
+        return None if found is None else found[1]
 
     def _filed(self, ticket: str) -> str:
         """The ticket as filed: under its bot, so no bot can spend another's."""
